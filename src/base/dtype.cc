@@ -1,0 +1,249 @@
+#include "base/dtype.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/error.h"
+
+namespace kvc {
+
+int block_elements(DType t) { return (t == DType::Q8_0 || t == DType::Q4_0) ? 32 : 1; }
+
+size_t block_bytes(DType t) {
+  switch (t) {
+    case DType::F32:
+      return 4;
+    case DType::F16:
+    case DType::BF16:
+      return 2;
+    case DType::Q8_0:
+      return sizeof(BlockQ8_0);
+    case DType::Q4_0:
+      return sizeof(BlockQ4_0);
+  }
+  return 0;
+}
+
+size_t row_bytes(DType t, size_t n) { return n / block_elements(t) * block_bytes(t); }
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::F32:
+      return "f32";
+    case DType::F16:
+      return "f16";
+    case DType::BF16:
+      return "bf16";
+    case DType::Q8_0:
+      return "q8_0";
+    case DType::Q4_0:
+      return "q4_0";
+  }
+  return "?";
+}
+
+std::optional<DType> parse_dtype(std::string_view name) {
+  if (name == "f32" || name == "fp32") return DType::F32;
+  if (name == "f16" || name == "fp16") return DType::F16;
+  if (name == "bf16") return DType::BF16;
+  if (name == "q8_0") return DType::Q8_0;
+  if (name == "q4_0") return DType::Q4_0;
+  return std::nullopt;
+}
+
+uint32_t ggml_type_id(DType t) {
+  switch (t) {
+    case DType::F32:
+      return 0;
+    case DType::F16:
+      return 1;
+    case DType::Q4_0:
+      return 2;
+    case DType::Q8_0:
+      return 8;
+    case DType::BF16:
+      return 30;
+  }
+  return ~0u;
+}
+
+std::optional<DType> dtype_from_ggml(uint32_t id) {
+  switch (id) {
+    case 0:
+      return DType::F32;
+    case 1:
+      return DType::F16;
+    case 2:
+      return DType::Q4_0;
+    case 8:
+      return DType::Q8_0;
+    case 30:
+      return DType::BF16;
+    default:
+      return std::nullopt;
+  }
+}
+
+std::string_view ggml_type_name(uint32_t id) {
+  static constexpr std::string_view names[] = {
+      "F32",  "F16",  "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0",    "Q5_1",    "Q8_0",    "Q8_1",
+      "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS",  "IQ3_XXS", "IQ1_S",
+      "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32",  "I64",     "F64",     "IQ1_M",
+      "BF16"};
+  if (id < std::size(names)) return names[id];
+  return "unknown";
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1f;
+  uint32_t mantissa = h & 0x3ff;
+  uint32_t bits;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        ++e;
+        mantissa <<= 1;
+      } while ((mantissa & 0x400) == 0);
+      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (mantissa & 0x3ff) << 13;
+    }
+  } else if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | mantissa << 13;
+  } else {
+    bits = sign | (exponent + 127 - 15) << 23 | mantissa << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t f32_to_f16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {  // inf or nan
+    return sign | 0x7c00 | (abs > 0x7f800000u ? 0x200 : 0);
+  }
+  if (abs >= 0x477ff000u) return sign | 0x7c00;  // rounds to infinity
+  if (abs < 0x38800000u) {                       // subnormal or zero in f16
+    if (abs < 0x33000000u) return sign;          // below half the smallest subnormal
+    const uint32_t e = abs >> 23;
+    const uint32_t m = (abs & 0x7fffff) | 0x800000;
+    const uint32_t shift = 126 - e;  // 14..24
+    uint32_t value = m >> shift;
+    const uint32_t rest = m & ((1u << shift) - 1);
+    const uint32_t half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (value & 1))) ++value;
+    return sign | static_cast<uint16_t>(value);
+  }
+  uint32_t value = ((abs >> 13) - ((127 - 15) << 10));
+  const uint32_t rest = abs & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (value & 1))) ++value;
+  return sign | static_cast<uint16_t>(value);
+}
+
+uint16_t f32_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7fff + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+void dequantize_row(DType t, const void* src, float* dst, size_t n) {
+  switch (t) {
+    case DType::F32:
+      std::memcpy(dst, src, n * 4);
+      return;
+    case DType::F16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+      return;
+    }
+    case DType::BF16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+      return;
+    }
+    case DType::Q8_0: {
+      const auto* b = static_cast<const BlockQ8_0*>(src);
+      for (size_t i = 0; i < n / 32; ++i) {
+        const float d = f16_to_f32(b[i].d);
+        for (int j = 0; j < 32; ++j) dst[i * 32 + j] = d * b[i].qs[j];
+      }
+      return;
+    }
+    case DType::Q4_0: {
+      const auto* b = static_cast<const BlockQ4_0*>(src);
+      for (size_t i = 0; i < n / 32; ++i) {
+        const float d = f16_to_f32(b[i].d);
+        for (int j = 0; j < 16; ++j) {
+          dst[i * 32 + j] = d * ((b[i].qs[j] & 0x0f) - 8);
+          dst[i * 32 + j + 16] = d * ((b[i].qs[j] >> 4) - 8);
+        }
+      }
+      return;
+    }
+  }
+}
+
+void quantize_row(DType t, const float* src, void* dst, size_t n) {
+  switch (t) {
+    case DType::F32:
+      std::memcpy(dst, src, n * 4);
+      return;
+    case DType::F16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+      return;
+    }
+    case DType::BF16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+      return;
+    }
+    case DType::Q8_0: {
+      auto* b = static_cast<BlockQ8_0*>(dst);
+      for (size_t i = 0; i < n / 32; ++i) {
+        const float* x = src + i * 32;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = f32_to_f16(d);
+        for (int j = 0; j < 32; ++j) b[i].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
+      }
+      return;
+    }
+    case DType::Q4_0: {
+      auto* b = static_cast<BlockQ4_0*>(dst);
+      for (size_t i = 0; i < n / 32; ++i) {
+        const float* x = src + i * 32;
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < 32; ++j) {
+          if (std::fabs(x[j]) > amax) {
+            amax = std::fabs(x[j]);
+            max = x[j];
+          }
+        }
+        const float d = max / -8.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = f32_to_f16(d);
+        for (int j = 0; j < 16; ++j) {
+          const auto q = [&](float v) {
+            return static_cast<uint8_t>(std::min(15.0f, std::nearbyint(v * id) + 8.0f));
+          };
+          b[i].qs[j] = static_cast<uint8_t>(q(x[j]) | q(x[j + 16]) << 4);
+        }
+      }
+      return;
+    }
+  }
+  fail("quantize_row: unsupported type");
+}
+
+}  // namespace kvc

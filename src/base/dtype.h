@@ -1,0 +1,64 @@
+// Element types of tensors and KV blocks, their storage sizes and scalar conversions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+namespace kvc {
+
+enum class DType : uint8_t { F32, F16, BF16, Q8_0, Q4_0 };
+
+// Elements per quantisation block (32 for q8_0/q4_0, 1 otherwise).
+int block_elements(DType t);
+// Bytes per quantisation block (34 for q8_0, 18 for q4_0, element size otherwise).
+size_t block_bytes(DType t);
+// Bytes of a row of n elements; n must be a multiple of block_elements(t).
+size_t row_bytes(DType t, size_t n);
+// Lower-case name as used on the command line ("f32", "q8_0", ...).
+std::string_view dtype_name(DType t);
+// Parses a name accepted by dtype_name (also "fp16", "fp32", "bf16"); nullopt if unknown.
+std::optional<DType> parse_dtype(std::string_view name);
+// GGML tensor type id of t (F32=0, F16=1, Q4_0=2, Q8_0=8, BF16=30).
+uint32_t ggml_type_id(DType t);
+// DType of a GGML type id, nullopt for types kvcache does not support.
+std::optional<DType> dtype_from_ggml(uint32_t id);
+// Name of any GGML type id, for error messages.
+std::string_view ggml_type_name(uint32_t id);
+
+// q8_0: 32 int8 values sharing one f16 scale; value = d * qs[i].
+struct BlockQ8_0 {
+  uint16_t d;
+  int8_t qs[32];
+};
+static_assert(sizeof(BlockQ8_0) == 34);
+
+// q4_0: 32 4-bit values sharing one f16 scale; value = d * (nibble - 8).
+// Byte j holds element j in its low nibble and element j + 16 in its high nibble.
+struct BlockQ4_0 {
+  uint16_t d;
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ4_0) == 18);
+
+// IEEE binary16 <-> binary32, round to nearest even, exact for all finite values.
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+
+// bfloat16 is the top half of a binary32; conversion rounds to nearest even.
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+uint16_t f32_to_bf16(float f);
+
+// Converts n elements of type t (n a multiple of the block size) to f32.
+void dequantize_row(DType t, const void* src, float* dst, size_t n);
+// Converts n f32 values to type t (n a multiple of the block size).
+void quantize_row(DType t, const float* src, void* dst, size_t n);
+
+}  // namespace kvc

@@ -1,0 +1,133 @@
+#include "base/kernels.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "base/error.h"
+#include "base/kernel_table.h"
+
+namespace kvc::kernels {
+namespace {
+
+bool cpu_has(Isa isa) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  switch (isa) {
+    case Isa::kScalar:
+      return true;
+    case Isa::kAvx2:
+      return avx2_kernels() != nullptr && __builtin_cpu_supports("avx2") &&
+             __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case Isa::kAvx512:
+      return avx512_kernels() != nullptr && cpu_has(Isa::kAvx2) &&
+             __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vnni");
+  }
+  return false;
+#else
+  return isa == Isa::kScalar;
+#endif
+}
+
+const KernelTable* table_for(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return avx512_kernels();
+    case Isa::kAvx2:
+      return avx2_kernels();
+    case Isa::kScalar:
+      break;
+  }
+  return &scalar_kernels();
+}
+
+Isa initial_isa() {
+  if (const char* forced = std::getenv("KVCACHE_ISA"); forced != nullptr && *forced != 0) {
+    auto isa = parse_isa(forced);
+    if (!isa) fail("KVCACHE_ISA={} is not one of scalar, avx2, avx512", forced);
+    if (!cpu_has(*isa)) fail("KVCACHE_ISA={}: this CPU does not support it", forced);
+    return *isa;
+  }
+  return best_isa();
+}
+
+struct Active {
+  Isa isa;
+  const KernelTable* table;
+};
+
+Active& active() {
+  static Active state = [] {
+    const Isa isa = initial_isa();
+    return Active{isa, table_for(isa)};
+  }();
+  return state;
+}
+
+const KernelTable& table() { return *active().table; }
+
+}  // namespace
+
+Isa best_isa() {
+  if (cpu_has(Isa::kAvx512)) return Isa::kAvx512;
+  if (cpu_has(Isa::kAvx2)) return Isa::kAvx2;
+  return Isa::kScalar;
+}
+
+Isa active_isa() { return active().isa; }
+
+void set_isa(Isa isa) {
+  if (!cpu_has(isa)) fail("this CPU does not support the {} kernels", isa_name(isa));
+  active() = Active{isa, table_for(isa)};
+}
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+std::optional<Isa> parse_isa(std::string_view name) {
+  if (name == "scalar") return Isa::kScalar;
+  if (name == "avx2") return Isa::kAvx2;
+  if (name == "avx512") return Isa::kAvx512;
+  return std::nullopt;
+}
+
+DType activation_type(DType w) {
+  return (w == DType::Q8_0 || w == DType::Q4_0) ? DType::Q8_0 : DType::F32;
+}
+
+size_t activation_row_bytes(DType w, size_t n) { return row_bytes(activation_type(w), n); }
+
+void prepare_activations(DType w, const float* x, void* out, size_t n) {
+  quantize_row(activation_type(w), x, out, n);
+}
+
+void dot_rows(DType wtype, const void* w, const void* x, size_t x_stride, int m, size_t n,
+              float* out) {
+  const DotFn dot = table().dot[static_cast<int>(wtype)];
+  const auto* xb = static_cast<const uint8_t*>(x);
+  for (int r = 0; r < m; ++r) out[r] = dot(w, xb + r * x_stride, n);
+}
+
+float dot_f32(const float* a, const float* b, size_t n) { return table().dot_f32(a, b, n); }
+
+float dot_f16_f32(const uint16_t* a, const float* b, size_t n) {
+  return table().dot_f16_f32(a, b, n);
+}
+
+void axpy_f32(float alpha, const float* x, float* y, size_t n) { table().axpy_f32(alpha, x, y, n); }
+
+void axpy_f16(float alpha, const uint16_t* x, float* y, size_t n) {
+  table().axpy_f16(alpha, x, y, n);
+}
+
+}  // namespace kvc::kernels

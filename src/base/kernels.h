@@ -1,0 +1,49 @@
+// SIMD compute kernels with runtime dispatch (AVX-512, AVX2, scalar).
+//
+// Every kernel computes each output from its own inputs only, in a fixed order, so a row's
+// result never depends on which other rows share the batch or on the thread count.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "base/dtype.h"
+
+namespace kvc::kernels {
+
+enum class Isa : uint8_t { kScalar, kAvx2, kAvx512 };
+
+// The best instruction set this CPU supports.
+Isa best_isa();
+// The instruction set in use (best_isa() unless KVCACHE_ISA or set_isa() chose another).
+Isa active_isa();
+// Selects an instruction set; throws Error if the CPU lacks it.
+void set_isa(Isa isa);
+std::string_view isa_name(Isa isa);
+std::optional<Isa> parse_isa(std::string_view name);
+
+// Type that activations take when multiplied by weights of type w: q8_0 for q8_0 and q4_0
+// weights (integer dot products), f32 otherwise.
+DType activation_type(DType w);
+// Bytes of one activation row of n elements for weights of type w.
+size_t activation_row_bytes(DType w, size_t n);
+// Converts n f32 activations into activation_type(w), written to out.
+void prepare_activations(DType w, const float* x, void* out, size_t n);
+
+// out[r] = dot(w, x_r) for r < m, where w is one weight row of n elements of type wtype and
+// x_r = x + r * x_stride bytes is a prepared activation row. out[r] depends on w and x_r only.
+void dot_rows(DType wtype, const void* w, const void* x, size_t x_stride, int m, size_t n,
+              float* out);
+
+// dot(a, b) over n f32 values.
+float dot_f32(const float* a, const float* b, size_t n);
+// dot(a, b) where a holds n f16 values.
+float dot_f16_f32(const uint16_t* a, const float* b, size_t n);
+// y += alpha * x over n values.
+void axpy_f32(float alpha, const float* x, float* y, size_t n);
+// y += alpha * x where x holds n f16 values.
+void axpy_f16(float alpha, const uint16_t* x, float* y, size_t n);
+
+}  // namespace kvc::kernels

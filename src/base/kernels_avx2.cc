@@ -1,0 +1,168 @@
+// AVX2 + FMA + F16C kernels. The target pragma confines these instructions to this file's
+// own functions, so the rest of the program still runs on any x86-64 CPU.
+#include <immintrin.h>
+
+#include "base/dtype.h"
+#include "base/kernel_table.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+namespace kvc::kernels {
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+inline float half(uint16_t h) { return _cvtsh_ss(h); }
+
+inline __m256 load_bf16(const uint16_t* p) {
+  __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+float dot_f32_avx2(const float* a, const float* b, size_t n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), acc2);
+    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), acc3);
+  }
+  for (; i + 8 <= n; i += 8) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  }
+  float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+float dot_f16_f32_avx2(const uint16_t* a, const float* b, size_t n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256 a0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
+    __m256 a1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i + 8)));
+    acc0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(a1, _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  for (; i + 8 <= n; i += 8) {
+    __m256 a0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
+    acc0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(b + i), acc0);
+  }
+  float sum = hsum(_mm256_add_ps(acc0, acc1));
+  for (; i < n; ++i) sum += half(a[i]) * b[i];
+  return sum;
+}
+
+void axpy_f32_avx2(float alpha, const float* x, float* y, size_t n) {
+  const __m256 va = _mm256_set1_ps(alpha);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  }
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+void axpy_f16_avx2(float alpha, const uint16_t* x, float* y, size_t n) {
+  const __m256 va = _mm256_set1_ps(alpha);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 vx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, vx, _mm256_loadu_ps(y + i)));
+  }
+  for (; i < n; ++i) y[i] += alpha * half(x[i]);
+}
+
+float dot_w_f32(const void* w, const void* x, size_t n) {
+  return dot_f32_avx2(static_cast<const float*>(w), static_cast<const float*>(x), n);
+}
+
+float dot_w_f16(const void* w, const void* x, size_t n) {
+  return dot_f16_f32_avx2(static_cast<const uint16_t*>(w), static_cast<const float*>(x), n);
+}
+
+float dot_w_bf16(const void* w, const void* x, size_t n) {
+  const auto* a = static_cast<const uint16_t*>(w);
+  const auto* b = static_cast<const float*>(x);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(load_bf16(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(load_bf16(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(load_bf16(a + i), _mm256_loadu_ps(b + i), acc0);
+  float sum = hsum(_mm256_add_ps(acc0, acc1));
+  for (; i < n; ++i) sum += bf16_to_f32(a[i]) * b[i];
+  return sum;
+}
+
+// Signed int8 dot products in 32-bit lanes: maddubs needs an unsigned operand, so the sign of
+// w moves onto x.
+inline __m256i dot_i8(__m256i w, __m256i x) {
+  const __m256i abs_w = _mm256_sign_epi8(w, w);
+  const __m256i signed_x = _mm256_sign_epi8(x, w);
+  const __m256i pairs = _mm256_maddubs_epi16(abs_w, signed_x);
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+float dot_w_q8_0(const void* w, const void* x, size_t n) {
+  const auto* a = static_cast<const BlockQ8_0*>(w);
+  const auto* b = static_cast<const BlockQ8_0*>(x);
+  __m256 acc = _mm256_setzero_ps();
+  for (size_t i = 0; i < n / 32; ++i) {
+    const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[i].qs));
+    const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs));
+    const __m256 d = _mm256_set1_ps(half(a[i].d) * half(b[i].d));
+    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(qa, qb)), acc);
+  }
+  return hsum(acc);
+}
+
+float dot_w_q4_0(const void* w, const void* x, size_t n) {
+  const auto* a = static_cast<const BlockQ4_0*>(w);
+  const auto* b = static_cast<const BlockQ8_0*>(x);
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  const __m256i eight = _mm256_set1_epi8(8);
+  __m256 acc = _mm256_setzero_ps();
+  for (size_t i = 0; i < n / 32; ++i) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a[i].qs));
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+    const __m256i qa = _mm256_sub_epi8(_mm256_and_si256(both, low4), eight);
+    const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs));
+    const __m256 d = _mm256_set1_ps(half(a[i].d) * half(b[i].d));
+    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(qa, qb)), acc);
+  }
+  return hsum(acc);
+}
+
+}  // namespace
+
+const KernelTable* avx2_kernels() {
+  static const KernelTable table = {
+      {dot_w_f32, dot_w_f16, dot_w_bf16, dot_w_q8_0, dot_w_q4_0},
+      dot_f32_avx2,
+      dot_f16_f32_avx2,
+      axpy_f32_avx2,
+      axpy_f16_avx2,
+  };
+  return &table;
+}
+
+}  // namespace kvc::kernels
+
+#pragma GCC pop_options
+#else
+namespace kvc::kernels {
+const KernelTable* avx2_kernels() { return nullptr; }
+}  // namespace kvc::kernels
+#endif

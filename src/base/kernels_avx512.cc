@@ -1,0 +1,223 @@
+// AVX-512 (F, BW, VL, DQ, VNNI) kernels. As in kernels_avx2.cc, the target pragma confines
+// these instructions to this file's own functions.
+#include <immintrin.h>
+
+#include "base/dtype.h"
+#include "base/kernel_table.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+
+namespace kvc::kernels {
+namespace {
+
+inline float half(uint16_t h) { return _cvtsh_ss(h); }
+
+inline float hsum256(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+// Horizontal sum in a fixed order (GCC 12's _mm512_reduce_add_ps trips -Wuninitialized).
+inline float hsum512(__m512 v) {
+  return hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+inline __m512 load_f16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+inline __m512 load_bf16(const uint16_t* p) {
+  __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+float dot_f32_avx512(const float* a, const float* b, size_t n) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  __m512 acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps();
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+    acc2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), acc2);
+    acc3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), acc3);
+  }
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+  }
+  if (i < n) {  // masked tail keeps short head dimensions (8, 64, 80) on the vector path
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc1);
+  }
+  return hsum512(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
+}
+
+float dot_f16_f32_avx512(const uint16_t* a, const float* b, size_t n) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm512_fmadd_ps(load_f16(a + i), _mm512_loadu_ps(b + i), acc0);
+    acc1 = _mm512_fmadd_ps(load_f16(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+  }
+  for (; i + 16 <= n; i += 16) acc0 = _mm512_fmadd_ps(load_f16(a + i), _mm512_loadu_ps(b + i), acc0);
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 va = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, a + i));
+    acc1 = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, b + i), acc1);
+  }
+  return hsum512(_mm512_add_ps(acc0, acc1));
+}
+
+void axpy_f32_avx512(float alpha, const float* x, float* y, size_t n) {
+  const __m512 va = _mm512_set1_ps(alpha);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 r =
+        _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+    _mm512_mask_storeu_ps(y + i, m, r);
+  }
+}
+
+void axpy_f16_avx512(float alpha, const uint16_t* x, float* y, size_t n) {
+  const __m512 va = _mm512_set1_ps(alpha);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, load_f16(x + i), _mm512_loadu_ps(y + i)));
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 vx = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i));
+    _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, vx, _mm512_maskz_loadu_ps(m, y + i)));
+  }
+}
+
+float dot_w_f32(const void* w, const void* x, size_t n) {
+  return dot_f32_avx512(static_cast<const float*>(w), static_cast<const float*>(x), n);
+}
+
+float dot_w_f16(const void* w, const void* x, size_t n) {
+  return dot_f16_f32_avx512(static_cast<const uint16_t*>(w), static_cast<const float*>(x), n);
+}
+
+float dot_w_bf16(const void* w, const void* x, size_t n) {
+  const auto* a = static_cast<const uint16_t*>(w);
+  const auto* b = static_cast<const float*>(x);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm512_fmadd_ps(load_bf16(a + i), _mm512_loadu_ps(b + i), acc0);
+    acc1 = _mm512_fmadd_ps(load_bf16(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+  }
+  for (; i + 16 <= n; i += 16) acc0 = _mm512_fmadd_ps(load_bf16(a + i), _mm512_loadu_ps(b + i), acc0);
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a + i));
+    const __m512 va = _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+    acc1 = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, b + i), acc1);
+  }
+  return hsum512(_mm512_add_ps(acc0, acc1));
+}
+
+// Two q8_0 blocks side by side in one register: |w| (unsigned) times x carrying w's sign,
+// summed in groups of four by VNNI.
+inline __m512i dot_i8_pair(__m512i w, __m512i x) {
+  const __mmask64 negative = _mm512_movepi8_mask(w);
+  const __m512i abs_w = _mm512_abs_epi8(w);
+  const __m512i signed_x = _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x);
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), abs_w, signed_x);
+}
+
+inline __m256i dot_i8_single(__m256i w, __m256i x) {
+  const __m256i abs_w = _mm256_sign_epi8(w, w);
+  const __m256i signed_x = _mm256_sign_epi8(x, w);
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), abs_w, signed_x);
+}
+
+inline __m512i load_pair(const int8_t* lo, const int8_t* hi) {
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo));
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+}
+
+inline __m512 scale_pair(float lo, float hi) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(lo)), _mm256_set1_ps(hi), 1);
+}
+
+float dot_w_q8_0(const void* w, const void* x, size_t n) {
+  const auto* a = static_cast<const BlockQ8_0*>(w);
+  const auto* b = static_cast<const BlockQ8_0*>(x);
+  const size_t blocks = n / 32;
+  __m512 acc = _mm512_setzero_ps();
+  size_t i = 0;
+  for (; i + 2 <= blocks; i += 2) {
+    const __m512i qa = load_pair(a[i].qs, a[i + 1].qs);
+    const __m512i qb = load_pair(b[i].qs, b[i + 1].qs);
+    const __m512 d = scale_pair(half(a[i].d) * half(b[i].d), half(a[i + 1].d) * half(b[i + 1].d));
+    acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot_i8_pair(qa, qb)), acc);
+  }
+  float sum = hsum512(acc);
+  if (i < blocks) {
+    const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[i].qs));
+    const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs));
+    const __m256 d = _mm256_set1_ps(half(a[i].d) * half(b[i].d));
+    sum += hsum256(_mm256_mul_ps(d, _mm256_cvtepi32_ps(dot_i8_single(qa, qb))));
+  }
+  return sum;
+}
+
+inline __m256i unpack_q4(const uint8_t* qs) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+  return _mm256_sub_epi8(_mm256_and_si256(both, _mm256_set1_epi8(0x0f)), _mm256_set1_epi8(8));
+}
+
+float dot_w_q4_0(const void* w, const void* x, size_t n) {
+  const auto* a = static_cast<const BlockQ4_0*>(w);
+  const auto* b = static_cast<const BlockQ8_0*>(x);
+  const size_t blocks = n / 32;
+  __m512 acc = _mm512_setzero_ps();
+  size_t i = 0;
+  for (; i + 2 <= blocks; i += 2) {
+    const __m512i qa = _mm512_inserti64x4(_mm512_castsi256_si512(unpack_q4(a[i].qs)),
+                                          unpack_q4(a[i + 1].qs), 1);
+    const __m512i qb = load_pair(b[i].qs, b[i + 1].qs);
+    const __m512 d = scale_pair(half(a[i].d) * half(b[i].d), half(a[i + 1].d) * half(b[i + 1].d));
+    acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot_i8_pair(qa, qb)), acc);
+  }
+  float sum = hsum512(acc);
+  if (i < blocks) {
+    const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs));
+    const __m256 d = _mm256_set1_ps(half(a[i].d) * half(b[i].d));
+    sum += hsum256(_mm256_mul_ps(d, _mm256_cvtepi32_ps(dot_i8_single(unpack_q4(a[i].qs), qb))));
+  }
+  return sum;
+}
+
+}  // namespace
+
+const KernelTable* avx512_kernels() {
+  static const KernelTable table = {
+      {dot_w_f32, dot_w_f16, dot_w_bf16, dot_w_q8_0, dot_w_q4_0},
+      dot_f32_avx512,
+      dot_f16_f32_avx512,
+      axpy_f32_avx512,
+      axpy_f16_avx512,
+  };
+  return &table;
+}
+
+}  // namespace kvc::kernels
+
+#pragma GCC pop_options
+#else
+namespace kvc::kernels {
+const KernelTable* avx512_kernels() { return nullptr; }
+}  // namespace kvc::kernels
+#endif

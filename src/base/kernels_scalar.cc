@@ -1,0 +1,85 @@
+// Plain C++ kernels: the fallback on any CPU and the reference the SIMD kernels are tested
+// against.
+#include "base/dtype.h"
+#include "base/kernel_table.h"
+
+namespace kvc::kernels {
+namespace {
+
+float dot_f32_scalar(const float* a, const float* b, size_t n) {
+  float sum = 0.0f;
+  for (size_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+float dot_f16_f32_scalar(const uint16_t* a, const float* b, size_t n) {
+  float sum = 0.0f;
+  for (size_t i = 0; i < n; ++i) sum += f16_to_f32(a[i]) * b[i];
+  return sum;
+}
+
+void axpy_f32_scalar(float alpha, const float* x, float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+void axpy_f16_scalar(float alpha, const uint16_t* x, float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] += alpha * f16_to_f32(x[i]);
+}
+
+float dot_w_f32(const void* w, const void* x, size_t n) {
+  return dot_f32_scalar(static_cast<const float*>(w), static_cast<const float*>(x), n);
+}
+
+float dot_w_f16(const void* w, const void* x, size_t n) {
+  return dot_f16_f32_scalar(static_cast<const uint16_t*>(w), static_cast<const float*>(x), n);
+}
+
+float dot_w_bf16(const void* w, const void* x, size_t n) {
+  const auto* a = static_cast<const uint16_t*>(w);
+  const auto* b = static_cast<const float*>(x);
+  float sum = 0.0f;
+  for (size_t i = 0; i < n; ++i) sum += bf16_to_f32(a[i]) * b[i];
+  return sum;
+}
+
+float dot_w_q8_0(const void* w, const void* x, size_t n) {
+  const auto* a = static_cast<const BlockQ8_0*>(w);
+  const auto* b = static_cast<const BlockQ8_0*>(x);
+  float sum = 0.0f;
+  for (size_t i = 0; i < n / 32; ++i) {
+    int isum = 0;
+    for (int j = 0; j < 32; ++j) isum += a[i].qs[j] * b[i].qs[j];
+    sum += static_cast<float>(isum) * (f16_to_f32(a[i].d) * f16_to_f32(b[i].d));
+  }
+  return sum;
+}
+
+float dot_w_q4_0(const void* w, const void* x, size_t n) {
+  const auto* a = static_cast<const BlockQ4_0*>(w);
+  const auto* b = static_cast<const BlockQ8_0*>(x);
+  float sum = 0.0f;
+  for (size_t i = 0; i < n / 32; ++i) {
+    int isum = 0;
+    for (int j = 0; j < 16; ++j) {
+      isum += ((a[i].qs[j] & 0x0f) - 8) * b[i].qs[j];
+      isum += ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + 16];
+    }
+    sum += static_cast<float>(isum) * (f16_to_f32(a[i].d) * f16_to_f32(b[i].d));
+  }
+  return sum;
+}
+
+}  // namespace
+
+const KernelTable& scalar_kernels() {
+  static const KernelTable table = {
+      {dot_w_f32, dot_w_f16, dot_w_bf16, dot_w_q8_0, dot_w_q4_0},
+      dot_f32_scalar,
+      dot_f16_f32_scalar,
+      axpy_f32_scalar,
+      axpy_f16_scalar,
+  };
+  return table;
+}
+
+}  // namespace kvc::kernels

@@ -1,0 +1,31 @@
+// The `kvcache` program: one binary, one subcommand per job.
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <exception>
+
+#include "base/error.h"
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvcache: a KV-cache-centred engine for Llama-family language models"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "kvcache 0.1.0");
+  spdlog::set_pattern("[%H:%M:%S.%e] %^%l%$ %v");
+  kvc::cli::add_run_command(app);
+  kvc::cli::add_inspect_command(app);
+  kvc::cli::add_make_model_command(app);
+  kvc::cli::add_bench_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const kvc::Error& e) {
+    std::fprintf(stderr, "kvcache: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvcache: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

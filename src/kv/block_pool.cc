@@ -1,0 +1,83 @@
+#include "kv/block_pool.h"
+
+#include "base/error.h"
+
+namespace kvc::kv {
+
+BlockPool::BlockPool(const KvGeometry& geometry, size_t memory_bytes) : geometry_(geometry) {
+  geometry_.validate();
+  const size_t block = geometry_.bytes_per_block();
+  const size_t n = memory_bytes / block;
+  if (n == 0) {
+    fail("KV memory of {} bytes holds no block: one block of {} tokens takes {} bytes",
+         memory_bytes, geometry_.block_tokens, block);
+  }
+  if (n > static_cast<size_t>(INT32_MAX)) fail("KV memory of {} bytes is too many blocks", n);
+  arena_.resize(n * block);
+  states_.assign(n, BlockState::kFree);
+  refs_.assign(n, 0);
+  cacheable_.assign(n, 0);
+  free_list_.reserve(n);
+  // Lowest ids are handed out first, which keeps early blocks warm in cache.
+  for (size_t i = n; i-- > 0;) free_list_.push_back(static_cast<BlockId>(i));
+}
+
+size_t BlockPool::check(BlockId id) const {
+  if (id < 0 || static_cast<size_t>(id) >= states_.size()) {
+    fail("block id {} is outside the pool of {} blocks", id, states_.size());
+  }
+  return static_cast<size_t>(id);
+}
+
+std::optional<BlockId> BlockPool::allocate() {
+  if (free_list_.empty()) return std::nullopt;
+  const BlockId id = free_list_.back();
+  free_list_.pop_back();
+  states_[id] = BlockState::kReferenced;
+  refs_[id] = 1;
+  cacheable_[id] = 0;
+  ++referenced_;
+  return id;
+}
+
+void BlockPool::retain(BlockId id) {
+  const size_t i = check(id);
+  if (states_[i] == BlockState::kFree) fail("retain of free block {}", id);
+  if (states_[i] == BlockState::kCached) {
+    states_[i] = BlockState::kReferenced;
+    --cached_;
+    ++referenced_;
+  }
+  ++refs_[i];
+}
+
+void BlockPool::release(BlockId id) {
+  const size_t i = check(id);
+  if (states_[i] != BlockState::kReferenced) fail("release of unreferenced block {}", id);
+  if (--refs_[i] > 0) return;
+  --referenced_;
+  if (cacheable_[i]) {
+    states_[i] = BlockState::kCached;
+    ++cached_;
+  } else {
+    states_[i] = BlockState::kFree;
+    free_list_.push_back(id);
+  }
+}
+
+void BlockPool::set_cacheable(BlockId id, bool cacheable) { cacheable_[check(id)] = cacheable; }
+
+void BlockPool::free_cached(BlockId id) {
+  const size_t i = check(id);
+  if (states_[i] != BlockState::kCached) fail("free_cached of block {} that is not cached", id);
+  states_[i] = BlockState::kFree;
+  cacheable_[i] = 0;
+  --cached_;
+  free_list_.push_back(id);
+}
+
+PoolCounts BlockPool::counts() const {
+  return PoolCounts{states_.size(), free_list_.size(), referenced_, cached_};
+}
+
+}  // namespace kvc::kv

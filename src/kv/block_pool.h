@@ -1,0 +1,73 @@
+// The KV block pool: one preallocated arena cut into fixed-size blocks, with reference counts.
+//
+// A block is free (on the free list), referenced (held by one or more sequences) or cached
+// (unreferenced but kept for reuse; the prefix index owns that state). Allocation and release
+// are O(1), and free + cached + referenced == total after every call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "base/aligned_buffer.h"
+#include "kv/kv_geometry.h"
+
+namespace kvc::kv {
+
+using BlockId = int32_t;
+
+enum class BlockState : uint8_t { kFree, kReferenced, kCached };
+
+struct PoolCounts {
+  size_t total = 0;
+  size_t free = 0;
+  size_t referenced = 0;
+  size_t cached = 0;
+};
+
+class BlockPool {
+ public:
+  // Carves memory_bytes into whole blocks of geometry.bytes_per_block(); throws Error when the
+  // geometry is invalid or not even one block fits.
+  BlockPool(const KvGeometry& geometry, size_t memory_bytes);
+
+  const KvGeometry& geometry() const { return geometry_; }
+  size_t num_blocks() const { return states_.size(); }
+  // Bytes actually allocated for blocks (num_blocks * bytes_per_block).
+  size_t arena_bytes() const { return arena_.size(); }
+
+  // Takes a free block with reference count 1, or nullopt when none is free.
+  std::optional<BlockId> allocate();
+  // Adds a reference to a referenced or cached block (a cached block becomes referenced).
+  void retain(BlockId id);
+  // Drops a reference; at zero the block becomes cached if marked cacheable, else free.
+  void release(BlockId id);
+  // Marks whether a block is kept (cached) rather than freed when its last reference goes.
+  void set_cacheable(BlockId id, bool cacheable);
+  // Returns a cached block to the free list (eviction); it must have no references.
+  void free_cached(BlockId id);
+
+  BlockState state(BlockId id) const { return states_.at(check(id)); }
+  uint32_t ref_count(BlockId id) const { return refs_.at(check(id)); }
+  uint8_t* data(BlockId id) { return arena_.data() + check(id) * geometry_.bytes_per_block(); }
+  const uint8_t* data(BlockId id) const {
+    return arena_.data() + check(id) * geometry_.bytes_per_block();
+  }
+
+  PoolCounts counts() const;
+
+ private:
+  size_t check(BlockId id) const;
+
+  KvGeometry geometry_;
+  AlignedBuffer<uint8_t> arena_;
+  std::vector<BlockState> states_;
+  std::vector<uint32_t> refs_;
+  std::vector<uint8_t> cacheable_;
+  std::vector<BlockId> free_list_;
+  size_t referenced_ = 0;
+  size_t cached_ = 0;
+};
+
+}  // namespace kvc::kv

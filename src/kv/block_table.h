@@ -1,0 +1,41 @@
+// One sequence's view of the pool: the ordered blocks that hold its tokens' keys and values.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "kv/block_pool.h"
+
+namespace kvc::kv {
+
+class BlockTable {
+ public:
+  // A table drawing blocks from pool, which must outlive it.
+  explicit BlockTable(BlockPool& pool) : pool_(&pool) {}
+  ~BlockTable() { clear(); }
+  BlockTable(const BlockTable&) = delete;
+  BlockTable& operator=(const BlockTable&) = delete;
+  BlockTable(BlockTable&& other) noexcept;
+  BlockTable& operator=(BlockTable&& other) noexcept;
+
+  // Ensures capacity for n tokens, allocating blocks as needed; false (with nothing
+  // allocated) when the pool runs out.
+  bool reserve(size_t n_tokens);
+  // Drops every block reference; the table becomes empty.
+  void clear();
+
+  size_t capacity_tokens() const { return blocks_.size() * block_tokens(); }
+  int block_tokens() const { return pool_->geometry().block_tokens; }
+  const std::vector<BlockId>& blocks() const { return blocks_; }
+  BlockPool& pool() const { return *pool_; }
+
+  // The block holding token position pos and the token's slot inside it.
+  BlockId block_of(size_t pos) const { return blocks_[pos / block_tokens()]; }
+  int slot_of(size_t pos) const { return static_cast<int>(pos % block_tokens()); }
+
+ private:
+  BlockPool* pool_;
+  std::vector<BlockId> blocks_;
+};
+
+}  // namespace kvc::kv
