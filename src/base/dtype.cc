@@ -7,7 +7,9 @@
 
 namespace kvc {
 
-int block_elements(DType t) { return (t == DType::Q8_0 || t == DType::Q4_0) ? 32 : 1; }
+int block_elements(DType t) {
+  return (t == DType::Q8_0 || t == DType::Q4_0) ? 32 : 1;
+}
 
 size_t block_bytes(DType t) {
   switch (t) {
@@ -24,7 +26,9 @@ size_t block_bytes(DType t) {
   return 0;
 }
 
-size_t row_bytes(DType t, size_t n) { return n / block_elements(t) * block_bytes(t); }
+size_t row_bytes(DType t, size_t n) {
+  return n / block_elements(t) * block_bytes(t);
+}
 
 std::string_view dtype_name(DType t) {
   switch (t) {
@@ -86,10 +90,10 @@ std::optional<DType> dtype_from_ggml(uint32_t id) {
 
 std::string_view ggml_type_name(uint32_t id) {
   static constexpr std::string_view names[] = {
-      "F32",  "F16",  "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0",    "Q5_1",    "Q8_0",    "Q8_1",
-      "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS",  "IQ3_XXS", "IQ1_S",
-      "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32",  "I64",     "F64",     "IQ1_M",
-      "BF16"};
+      "F32",     "F16",    "Q4_0",    "Q4_1",  "Q4_2",   "Q4_3",  "Q5_0",  "Q5_1",
+      "Q8_0",    "Q8_1",   "Q2_K",    "Q3_K",  "Q4_K",   "Q5_K",  "Q6_K",  "Q8_K",
+      "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS",
+      "I8",      "I16",    "I32",     "I64",   "F64",    "IQ1_M", "BF16"};
   if (id < std::size(names)) return names[id];
   return "unknown";
 }

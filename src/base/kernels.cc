@@ -65,7 +65,9 @@ Active& active() {
   return state;
 }
 
-const KernelTable& table() { return *active().table; }
+const KernelTable& table() {
+  return *active().table;
+}
 
 }  // namespace
 
@@ -75,7 +77,9 @@ Isa best_isa() {
   return Isa::kScalar;
 }
 
-Isa active_isa() { return active().isa; }
+Isa active_isa() {
+  return active().isa;
+}
 
 void set_isa(Isa isa) {
   if (!cpu_has(isa)) fail("this CPU does not support the {} kernels", isa_name(isa));
@@ -105,7 +109,9 @@ DType activation_type(DType w) {
   return (w == DType::Q8_0 || w == DType::Q4_0) ? DType::Q8_0 : DType::F32;
 }
 
-size_t activation_row_bytes(DType w, size_t n) { return row_bytes(activation_type(w), n); }
+size_t activation_row_bytes(DType w, size_t n) {
+  return row_bytes(activation_type(w), n);
+}
 
 void prepare_activations(DType w, const float* x, void* out, size_t n) {
   quantize_row(activation_type(w), x, out, n);
@@ -118,13 +124,17 @@ void dot_rows(DType wtype, const void* w, const void* x, size_t x_stride, int m,
   for (int r = 0; r < m; ++r) out[r] = dot(w, xb + r * x_stride, n);
 }
 
-float dot_f32(const float* a, const float* b, size_t n) { return table().dot_f32(a, b, n); }
+float dot_f32(const float* a, const float* b, size_t n) {
+  return table().dot_f32(a, b, n);
+}
 
 float dot_f16_f32(const uint16_t* a, const float* b, size_t n) {
   return table().dot_f16_f32(a, b, n);
 }
 
-void axpy_f32(float alpha, const float* x, float* y, size_t n) { table().axpy_f32(alpha, x, y, n); }
+void axpy_f32(float alpha, const float* x, float* y, size_t n) {
+  table().axpy_f32(alpha, x, y, n);
+}
 
 void axpy_f16(float alpha, const uint16_t* x, float* y, size_t n) {
   table().axpy_f16(alpha, x, y, n);

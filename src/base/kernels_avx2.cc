@@ -21,7 +21,9 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
-inline float half(uint16_t h) { return _cvtsh_ss(h); }
+inline float half(uint16_t h) {
+  return _cvtsh_ss(h);
+}
 
 inline __m256 load_bf16(const uint16_t* p) {
   __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -163,6 +165,8 @@ const KernelTable* avx2_kernels() {
 #pragma GCC pop_options
 #else
 namespace kvc::kernels {
-const KernelTable* avx2_kernels() { return nullptr; }
+const KernelTable* avx2_kernels() {
+  return nullptr;
+}
 }  // namespace kvc::kernels
 #endif

@@ -12,7 +12,9 @@
 namespace kvc::kernels {
 namespace {
 
-inline float half(uint16_t h) { return _cvtsh_ss(h); }
+inline float half(uint16_t h) {
+  return _cvtsh_ss(h);
+}
 
 inline float hsum256(__m256 v) {
   __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -62,7 +64,8 @@ float dot_f16_f32_avx512(const uint16_t* a, const float* b, size_t n) {
     acc0 = _mm512_fmadd_ps(load_f16(a + i), _mm512_loadu_ps(b + i), acc0);
     acc1 = _mm512_fmadd_ps(load_f16(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
   }
-  for (; i + 16 <= n; i += 16) acc0 = _mm512_fmadd_ps(load_f16(a + i), _mm512_loadu_ps(b + i), acc0);
+  for (; i + 16 <= n; i += 16)
+    acc0 = _mm512_fmadd_ps(load_f16(a + i), _mm512_loadu_ps(b + i), acc0);
   if (i < n) {
     const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
     const __m512 va = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, a + i));
@@ -115,7 +118,8 @@ float dot_w_bf16(const void* w, const void* x, size_t n) {
     acc0 = _mm512_fmadd_ps(load_bf16(a + i), _mm512_loadu_ps(b + i), acc0);
     acc1 = _mm512_fmadd_ps(load_bf16(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
   }
-  for (; i + 16 <= n; i += 16) acc0 = _mm512_fmadd_ps(load_bf16(a + i), _mm512_loadu_ps(b + i), acc0);
+  for (; i + 16 <= n; i += 16)
+    acc0 = _mm512_fmadd_ps(load_bf16(a + i), _mm512_loadu_ps(b + i), acc0);
   if (i < n) {
     const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
     __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a + i));
@@ -185,8 +189,8 @@ float dot_w_q4_0(const void* w, const void* x, size_t n) {
   __m512 acc = _mm512_setzero_ps();
   size_t i = 0;
   for (; i + 2 <= blocks; i += 2) {
-    const __m512i qa = _mm512_inserti64x4(_mm512_castsi256_si512(unpack_q4(a[i].qs)),
-                                          unpack_q4(a[i + 1].qs), 1);
+    const __m512i qa =
+        _mm512_inserti64x4(_mm512_castsi256_si512(unpack_q4(a[i].qs)), unpack_q4(a[i + 1].qs), 1);
     const __m512i qb = load_pair(b[i].qs, b[i + 1].qs);
     const __m512 d = scale_pair(half(a[i].d) * half(b[i].d), half(a[i + 1].d) * half(b[i + 1].d));
     acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot_i8_pair(qa, qb)), acc);
@@ -218,6 +222,8 @@ const KernelTable* avx512_kernels() {
 #pragma GCC pop_options
 #else
 namespace kvc::kernels {
-const KernelTable* avx512_kernels() { return nullptr; }
+const KernelTable* avx512_kernels() {
+  return nullptr;
+}
 }  // namespace kvc::kernels
 #endif

@@ -18,7 +18,9 @@ struct WeightView {
   size_t in_dim = 0;
 
   size_t row_stride() const { return row_bytes(dtype, in_dim); }
-  const uint8_t* row(size_t o) const { return static_cast<const uint8_t*>(data) + o * row_stride(); }
+  const uint8_t* row(size_t o) const {
+    return static_cast<const uint8_t*>(data) + o * row_stride();
+  }
 };
 
 // y[r][o] = dot(w.row(o), x[r]) for n_rows rows of x (in_dim each) into y (out_dim each).

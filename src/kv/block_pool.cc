@@ -65,7 +65,9 @@ void BlockPool::release(BlockId id) {
   }
 }
 
-void BlockPool::set_cacheable(BlockId id, bool cacheable) { cacheable_[check(id)] = cacheable; }
+void BlockPool::set_cacheable(BlockId id, bool cacheable) {
+  cacheable_[check(id)] = cacheable;
+}
 
 void BlockPool::free_cached(BlockId id) {
   const size_t i = check(id);

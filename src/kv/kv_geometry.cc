@@ -8,7 +8,9 @@ size_t KvGeometry::bytes_per_token() const {
   return static_cast<size_t>(n_layers) * 2 * n_kv_heads * row_bytes(dtype, head_dim);
 }
 
-size_t KvGeometry::bytes_per_block() const { return bytes_per_token() * block_tokens; }
+size_t KvGeometry::bytes_per_block() const {
+  return bytes_per_token() * block_tokens;
+}
 
 size_t KvGeometry::blocks_for_tokens(size_t n) const {
   return (n + block_tokens - 1) / block_tokens;

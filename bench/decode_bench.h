@@ -1,0 +1,36 @@
+// `kvcache bench`: prefill and decode speed of synthetic models, measured side by side with
+// this machine's memory bandwidth, so decode is reported as a fraction of its limit.
+#pragma once
+
+#include <functional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+
+namespace kvc::bench {
+
+struct DecodeBenchOptions {
+  std::vector<std::string> presets = {"110m", "tinyllama-1.1b"};
+  std::vector<DType> dtypes = {DType::F32, DType::F16, DType::Q8_0};
+  std::vector<int> threads = {1, 2};
+  int prompt_tokens = 128;
+  int decode_tokens = 32;
+  size_t bandwidth_bytes = size_t{1} << 30;  // array read to measure bandwidth
+  // Returns the path of the synthetic model (preset, dtype), writing it if needed.
+  std::function<std::string(const std::string&, DType)> model_path;
+};
+
+struct BandwidthResult {
+  int threads;
+  double gb_per_s;
+};
+
+// Best-of-several read bandwidth over an array of the given size with n threads.
+double measure_read_bandwidth(size_t bytes, int threads);
+
+// Runs every (preset, dtype, threads) combination and prints a table to out.
+void run_decode_bench(const DecodeBenchOptions& options, std::ostream& out);
+
+}  // namespace kvc::bench

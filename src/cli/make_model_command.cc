@@ -1,0 +1,50 @@
+// `kvcache make-model`: write a synthetic GGUF with a realistic shape and random weights.
+#include <spdlog/spdlog.h>
+
+#include "base/byte_size.h"
+#include "base/error.h"
+#include "cli/commands.h"
+#include "cli/model_source.h"
+#include "model/synthetic_model.h"
+
+namespace kvc::cli {
+
+namespace {
+struct MakeModelArgs {
+  std::string preset = "tiny";
+  std::string output;
+  std::string dtype = "f32";
+  int layers = 0;
+  uint64_t seed = 1;
+};
+}  // namespace
+
+void add_make_model_command(CLI::App& app) {
+  auto a = std::make_shared<MakeModelArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "make-model",
+      "Write a synthetic Llama GGUF (presets: tiny, 110m, tinyllama-1.1b, llama3-8b)");
+  cmd->add_option("--preset", a->preset, "Model shape")->capture_default_str();
+  cmd->add_option("-o,--output", a->output, "Output GGUF file")->required();
+  cmd->add_option("--dtype", a->dtype, "Weight type: f32, f16, q8_0 or q4_0")
+      ->capture_default_str();
+  cmd->add_option("--layers", a->layers, "Override the preset's layer count");
+  cmd->add_option("--seed", a->seed, "Weight seed")->capture_default_str();
+  cmd->callback([a] {
+    model::SyntheticOptions o;
+    o.preset = a->preset;
+    const auto dtype = parse_dtype(a->dtype);
+    if (!dtype || *dtype == DType::BF16) {
+      fail("--dtype must be f32, f16, q8_0 or q4_0, got '{}'", a->dtype);
+    }
+    o.dtype = *dtype;
+    o.layers = a->layers;
+    o.seed = a->seed;
+    const uint64_t bytes = model::synthetic_model_bytes(o);
+    spdlog::info("writing {} ({}, {} weights) to {}", a->preset, a->dtype, format_bytes(bytes),
+                 a->output);
+    model::write_synthetic_model(o, a->output, progress_bar("make-model"));
+  });
+}
+
+}  // namespace kvc::cli

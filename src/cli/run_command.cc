@@ -1,0 +1,177 @@
+// `kvcache run`: generate text from a prompt, streaming it to stdout.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "base/byte_size.h"
+#include "base/error.h"
+#include "base/kernels.h"
+#include "base/utf8.h"
+#include "cli/commands.h"
+#include "cli/model_source.h"
+#include "engine/generator.h"
+#include "kv/memory_plan.h"
+#include "model/llama_model.h"
+#include "model/tokenizer.h"
+
+namespace kvc::cli {
+
+namespace {
+
+struct RunArgs {
+  std::string model;
+  std::string prompt = "Once upon a time";
+  std::string prompt_file;
+  int n_predict = 128;
+  float temperature = 0.8f;
+  int top_k = 40;
+  float top_p = 0.95f;
+  float min_p = 0.05f;
+  float repeat_penalty = 1.0f;
+  int repeat_last_n = 64;
+  int64_t seed = -1;
+  int threads = 0;
+  std::string kv_memory;
+  int block_tokens = 16;
+  std::string kv_dtype = "f32";
+  int prefill_chunk = 512;
+  bool ignore_eos = false;
+};
+
+// Writes token text as it arrives, holding back bytes of an unfinished UTF-8 character.
+class TextStream {
+ public:
+  void write(const std::string& bytes) {
+    pending_ += bytes;
+    const size_t n = utf8_complete_prefix(pending_);
+    std::fwrite(pending_.data(), 1, n, stdout);
+    std::fflush(stdout);
+    pending_.erase(0, n);
+  }
+  void finish() {
+    std::fwrite(pending_.data(), 1, pending_.size(), stdout);
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+    pending_.clear();
+  }
+
+ private:
+  std::string pending_;
+};
+
+void run(const RunArgs& a) {
+  const std::string path = resolve_model(a.model);
+  const auto model = model::LlamaModel::load(path);
+  const auto tokenizer = model::Tokenizer::from_gguf(model->file());
+  const auto& config = model->config();
+
+  std::string prompt = a.prompt;
+  if (!a.prompt_file.empty()) {
+    std::ifstream in(a.prompt_file, std::ios::binary);
+    if (!in) fail("cannot read prompt file '{}'", a.prompt_file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    prompt = ss.str();
+  }
+  std::vector<int32_t> tokens = tokenizer.encode(prompt, tokenizer.add_bos());
+  if (tokens.empty()) tokens.push_back(tokenizer.bos_id());
+
+  const auto kv_dtype = parse_dtype(a.kv_dtype);
+  if (!kv_dtype || (*kv_dtype != DType::F32 && *kv_dtype != DType::F16)) {
+    fail("--kv-dtype must be f32 or f16, got '{}'", a.kv_dtype);
+  }
+  const kv::KvGeometry geometry = config.kv_geometry(*kv_dtype, a.block_tokens);
+  // By default the pool holds one full context, which is all a single sequence can use.
+  const uint64_t kv_bytes =
+      a.kv_memory.empty()
+          ? geometry.blocks_for_tokens(config.context_length) * geometry.bytes_per_block()
+          : parse_byte_size(a.kv_memory);
+  kv::BlockPool pool(geometry, kv_bytes);
+  const int threads = a.threads > 0 ? a.threads : std::max(1u, std::thread::hardware_concurrency());
+  ThreadPool thread_pool(threads);
+
+  spdlog::info(
+      "model {}: {} ({} layers, {} heads / {} KV heads, dim {}, vocab {}, context {}), "
+      "weights {} {}",
+      path, config.name, config.n_layers, config.n_heads, config.n_kv_heads, config.n_embd,
+      config.n_vocab, config.context_length, dtype_name(model->weight_dtype()),
+      format_bytes(model->weight_bytes()));
+  spdlog::info("{}", kv::startup_summary(geometry, pool.arena_bytes(), config.context_length));
+  spdlog::info("{} threads, {} kernels", threads, kernels::isa_name(kernels::active_isa()));
+
+  engine::GenerationOptions options;
+  options.max_tokens = a.n_predict;
+  options.prefill_chunk = a.prefill_chunk;
+  options.sampling.temperature = a.temperature;
+  options.sampling.top_k = a.top_k;
+  options.sampling.top_p = a.top_p;
+  options.sampling.min_p = a.min_p;
+  options.sampling.repeat_penalty = a.repeat_penalty;
+  options.sampling.repeat_last_n = a.repeat_last_n;
+  options.sampling.seed =
+      a.seed >= 0
+          ? static_cast<uint64_t>(a.seed)
+          : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  options.stop_at_eos = !a.ignore_eos;
+  options.eos_id = tokenizer.eos_id();
+  if (a.seed < 0) spdlog::info("seed {} (pass --seed to repeat this run)", options.sampling.seed);
+
+  TextStream out;
+  out.write(tokenizer.decode(tokens));
+  engine::Generator generator(*model, pool, thread_pool);
+  const engine::GenerationStats s = generator.generate(tokens, options, [&](int32_t id) {
+    out.write(tokenizer.piece(id));
+    return true;
+  });
+  out.finish();
+
+  const auto rate = [](size_t n, double ms) { return ms > 0 ? n * 1000.0 / ms : 0.0; };
+  std::fprintf(stderr, "prompt: %zu tokens in %.1f ms (%.1f tokens/s)\n", s.prompt_tokens,
+               s.prefill_ms, rate(s.prompt_tokens, s.prefill_ms));
+  std::fprintf(stderr, "decode: %zu tokens, %zu steps in %.1f ms (%.1f tokens/s), finish: %s\n",
+               s.generated_tokens, s.decode_steps, s.decode_ms, rate(s.decode_steps, s.decode_ms),
+               s.finish_reason.c_str());
+  const size_t used_tokens = s.prompt_tokens + s.decode_steps;
+  std::fprintf(stderr,
+               "KV used: %zu blocks = %zu bytes (%zu tokens x %zu bytes/token = %zu bytes "
+               "of keys and values)\n",
+               s.kv_blocks, s.kv_bytes, used_tokens, geometry.bytes_per_token(),
+               used_tokens * geometry.bytes_per_token());
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app) {
+  auto args = std::make_shared<RunArgs>();
+  CLI::App* cmd = app.add_subcommand("run", "Generate text from a prompt, streaming to stdout");
+  cmd->add_option("-m,--model", args->model, "GGUF model file (default: the tiny demo model)");
+  cmd->add_option("-p,--prompt", args->prompt, "Prompt text")->capture_default_str();
+  cmd->add_option("-f,--file", args->prompt_file, "Read the prompt from a file");
+  cmd->add_option("-n,--n-predict", args->n_predict, "Tokens to generate")->capture_default_str();
+  cmd->add_option("--temp,--temperature", args->temperature, "Temperature; 0 = greedy")
+      ->capture_default_str();
+  cmd->add_option("--top-k", args->top_k, "Top-k; 0 disables")->capture_default_str();
+  cmd->add_option("--top-p", args->top_p, "Top-p; 1 disables")->capture_default_str();
+  cmd->add_option("--min-p", args->min_p, "Min-p; 0 disables")->capture_default_str();
+  cmd->add_option("--repeat-penalty", args->repeat_penalty, "Repetition penalty; 1 disables")
+      ->capture_default_str();
+  cmd->add_option("--repeat-last-n", args->repeat_last_n, "Tokens the penalty looks back over")
+      ->capture_default_str();
+  cmd->add_option("-s,--seed", args->seed, "Sampling seed (default: random, printed)");
+  cmd->add_option("-t,--threads", args->threads, "Threads (default: all cores)");
+  cmd->add_option("--kv-memory", args->kv_memory,
+                  "KV pool size, e.g. 256MiB (default: one full context)");
+  cmd->add_option("--block-tokens", args->block_tokens, "Tokens per KV block")
+      ->capture_default_str();
+  cmd->add_option("--kv-dtype", args->kv_dtype, "KV storage type: f32 or f16")
+      ->capture_default_str();
+  cmd->add_option("--prefill-chunk", args->prefill_chunk, "Prompt tokens per forward pass")
+      ->capture_default_str();
+  cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep generating after end-of-sequence");
+  cmd->callback([args] { run(*args); });
+}
+
+}  // namespace kvc::cli

@@ -1,0 +1,83 @@
+#include "model/llama_config.h"
+
+#include "base/error.h"
+#include "model/gguf.h"
+
+namespace kvc::model {
+
+namespace {
+int positive_int(const gguf::File& f, const std::string& key, uint64_t value) {
+  if (value == 0 || value > (1u << 30)) {
+    fail("{}: metadata key '{}' = {} is out of range", f.label(), key, value);
+  }
+  return static_cast<int>(value);
+}
+}  // namespace
+
+LlamaConfig LlamaConfig::from_gguf(const gguf::File& f) {
+  LlamaConfig c;
+  c.architecture = f.get_string("general.architecture");
+  if (c.architecture != "llama") {
+    fail(
+        "{}: architecture '{}' is not supported (kvcache runs the llama family: "
+        "general.architecture = \"llama\")",
+        f.label(), c.architecture);
+  }
+  c.name = f.get_string("general.name", "");
+  const std::string p = c.architecture + ".";
+  auto req = [&](const std::string& key) { return positive_int(f, p + key, f.get_u64(p + key)); };
+  c.n_embd = req("embedding_length");
+  c.n_ff = req("feed_forward_length");
+  c.n_layers = req("block_count");
+  c.n_heads = req("attention.head_count");
+  c.context_length = req("context_length");
+  c.n_kv_heads = positive_int(f, p + "attention.head_count_kv",
+                              f.get_u64(p + "attention.head_count_kv", c.n_heads));
+  if (c.n_heads % c.n_kv_heads != 0) {
+    fail("{}: {} attention heads are not a multiple of {} KV heads", f.label(), c.n_heads,
+         c.n_kv_heads);
+  }
+  if (c.n_embd % c.n_heads != 0) {
+    fail("{}: embedding length {} is not a multiple of {} heads", f.label(), c.n_embd, c.n_heads);
+  }
+  c.head_dim = positive_int(f, p + "attention.key_length",
+                            f.get_u64(p + "attention.key_length", c.n_embd / c.n_heads));
+  const auto value_length = f.get_u64(p + "attention.value_length", c.head_dim);
+  if (static_cast<int>(value_length) != c.head_dim) {
+    fail("{}: key length {} differs from value length {}; kvcache needs them equal", f.label(),
+         c.head_dim, value_length);
+  }
+  c.n_rot = positive_int(f, p + "rope.dimension_count",
+                         f.get_u64(p + "rope.dimension_count", c.head_dim));
+  if (c.n_rot > c.head_dim || c.n_rot % 2 != 0) {
+    fail("{}: rope.dimension_count {} must be even and at most the head dimension {}", f.label(),
+         c.n_rot, c.head_dim);
+  }
+  c.rms_eps = static_cast<float>(f.get_f64(p + "attention.layer_norm_rms_epsilon", 1e-5));
+  c.rope_theta = static_cast<float>(f.get_f64(p + "rope.freq_base", 10000.0));
+  if (!(c.rms_eps > 0.0f) || !(c.rope_theta > 0.0f)) {
+    fail("{}: rms epsilon {} and rope.freq_base {} must be positive", f.label(), c.rms_eps,
+         c.rope_theta);
+  }
+  if (const gguf::Value* scaling = f.find(p + "rope.scaling.type")) {
+    const std::string* type = scaling->as_string();
+    if (type == nullptr || (*type != "none" && *type != "")) {
+      fail("{}: rope scaling '{}' is not supported", f.label(), scaling->describe());
+    }
+  }
+  c.n_vocab = positive_int(f, "tokenizer.ggml.tokens", f.get_array("tokenizer.ggml.tokens").size());
+  return c;
+}
+
+kv::KvGeometry LlamaConfig::kv_geometry(DType kv_dtype, int block_tokens) const {
+  kv::KvGeometry g;
+  g.n_layers = n_layers;
+  g.n_kv_heads = n_kv_heads;
+  g.head_dim = head_dim;
+  g.block_tokens = block_tokens;
+  g.dtype = kv_dtype;
+  g.validate();
+  return g;
+}
+
+}  // namespace kvc::model

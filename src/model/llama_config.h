@@ -1,0 +1,41 @@
+// Hyperparameters of a Llama-family model, read from GGUF metadata.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "base/dtype.h"
+#include "kv/kv_geometry.h"
+
+namespace kvc::gguf {
+class File;
+}
+
+namespace kvc::model {
+
+struct LlamaConfig {
+  std::string architecture;
+  std::string name;
+  int n_vocab = 0;
+  int n_embd = 0;
+  int n_ff = 0;
+  int n_layers = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int n_rot = 0;  // rotary dimensions per head (the first n_rot of head_dim)
+  int context_length = 0;
+  float rms_eps = 1e-5f;
+  float rope_theta = 10000.0f;
+
+  // Reads and validates {arch}.* keys; throws Error naming the key at fault. The vocabulary
+  // size comes from tokenizer.ggml.tokens.
+  static LlamaConfig from_gguf(const gguf::File& file);
+
+  int q_dim() const { return n_heads * head_dim; }
+  int kv_dim() const { return n_kv_heads * head_dim; }
+  // The KV storage shape of this model for a given KV dtype and block size.
+  kv::KvGeometry kv_geometry(DType kv_dtype, int block_tokens) const;
+};
+
+}  // namespace kvc::model

@@ -1,0 +1,257 @@
+#include "model/llama_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "base/error.h"
+#include "base/kernels.h"
+
+namespace kvc::model {
+
+std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& path) {
+  return from_file(std::shared_ptr<const gguf::File>(gguf::File::open(path)));
+}
+
+std::unique_ptr<LlamaModel> LlamaModel::from_file(std::shared_ptr<const gguf::File> file) {
+  std::unique_ptr<LlamaModel> m(new LlamaModel());
+  m->file_ = std::move(file);
+  m->config_ = LlamaConfig::from_gguf(*m->file_);
+  m->bind_weights();
+  return m;
+}
+
+WeightView LlamaModel::matrix(const std::string& name, size_t in_dim, size_t out_dim) const {
+  const gguf::TensorInfo& t = file_->tensor(name);
+  if (t.dims.size() != 2 || t.dims[0] != in_dim || t.dims[1] != out_dim) {
+    std::string got;
+    for (uint64_t d : t.dims) got += (got.empty() ? "" : ", ") + std::to_string(d);
+    fail("{}: tensor '{}' has shape [{}], expected [{}, {}]", file_->label(), name, got, in_dim,
+         out_dim);
+  }
+  return WeightView{t.dtype, t.data, out_dim, in_dim};
+}
+
+std::vector<float> LlamaModel::vector(const std::string& name, size_t n) const {
+  const gguf::TensorInfo& t = file_->tensor(name);
+  if (t.dims.size() != 1 || t.dims[0] != n) {
+    fail("{}: tensor '{}' should be a vector of {} elements", file_->label(), name, n);
+  }
+  std::vector<float> out(n);
+  dequantize_row(t.dtype, t.data, out.data(), n);
+  return out;
+}
+
+void LlamaModel::bind_weights() {
+  const LlamaConfig& c = config_;
+  const size_t d = c.n_embd;
+  token_embd_ = &file_->tensor("token_embd.weight");
+  const WeightView embd = matrix("token_embd.weight", d, c.n_vocab);
+  output_norm_ = vector("output_norm.weight", d);
+  output_ = file_->find_tensor("output.weight") ? matrix("output.weight", d, c.n_vocab) : embd;
+  layers_.resize(c.n_layers);
+  uint64_t matrices = 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    LayerWeights& w = layers_[l];
+    w.attn_norm = vector(p + "attn_norm.weight", d);
+    w.ffn_norm = vector(p + "ffn_norm.weight", d);
+    w.wq = matrix(p + "attn_q.weight", d, c.q_dim());
+    w.wk = matrix(p + "attn_k.weight", d, c.kv_dim());
+    w.wv = matrix(p + "attn_v.weight", d, c.kv_dim());
+    w.wo = matrix(p + "attn_output.weight", c.q_dim(), d);
+    w.w_gate = matrix(p + "ffn_gate.weight", d, c.n_ff);
+    w.w_up = matrix(p + "ffn_up.weight", d, c.n_ff);
+    w.w_down = matrix(p + "ffn_down.weight", c.n_ff, d);
+    for (const WeightView* v : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
+      matrices += v->row_stride() * v->out_dim;
+    }
+  }
+  bytes_read_per_token_ = matrices + output_.row_stride() * output_.out_dim;
+  for (const auto& t : file_->tensors()) weight_bytes_ += t.bytes;
+}
+
+namespace {
+
+void rms_norm(const float* x, const float* weight, float* out, size_t n, float eps) {
+  float sum = 0.0f;
+  for (size_t i = 0; i < n; ++i) sum += x[i] * x[i];
+  const float scale = 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
+  for (size_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
+}
+
+// Rotates adjacent pairs (x[2i], x[2i+1]) of each head, as llama.cpp's normal RoPE mode does
+// for the llama architecture.
+void apply_rope(float* x, int n_heads, int head_dim, int n_rot, const float* cos_t,
+                const float* sin_t) {
+  for (int h = 0; h < n_heads; ++h) {
+    float* v = x + static_cast<size_t>(h) * head_dim;
+    for (int i = 0; i < n_rot / 2; ++i) {
+      const float a = v[2 * i], b = v[2 * i + 1];
+      v[2 * i] = a * cos_t[i] - b * sin_t[i];
+      v[2 * i + 1] = a * sin_t[i] + b * cos_t[i];
+    }
+  }
+}
+
+}  // namespace
+
+void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<const BatchRow> rows,
+                           int layer, ForwardScratch& s) const {
+  const LlamaConfig& c = config_;
+  const kv::KvGeometry& g = pool.geometry();
+  const int hd = c.head_dim;
+  const int group = c.n_heads / c.n_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const bool f16 = g.dtype == DType::F16;
+  const size_t tasks = rows.size() * c.n_heads;
+  threads.parallel_for(tasks, [&](size_t begin, size_t end) {
+    std::vector<float> scores;
+    for (size_t task = begin; task < end; ++task) {
+      const size_t r = task / c.n_heads;
+      const int h = static_cast<int>(task % c.n_heads);
+      const int kvh = h / group;
+      const BatchRow& row = rows[r];
+      const float* q = s.q.data() + r * c.q_dim() + static_cast<size_t>(h) * hd;
+      float* out = s.attn.data() + r * c.q_dim() + static_cast<size_t>(h) * hd;
+      const size_t n_pos = static_cast<size_t>(row.pos) + 1;
+      scores.resize(n_pos);
+      // Scores in position order; the softmax and the weighted sum below keep that order.
+      for (size_t t = 0; t < n_pos; ++t) {
+        const uint8_t* block = pool.data(row.table->block_of(t));
+        const uint8_t* key = block + g.offset(layer, 0, kvh, row.table->slot_of(t));
+        scores[t] = (f16 ? kernels::dot_f16_f32(reinterpret_cast<const uint16_t*>(key), q, hd)
+                         : kernels::dot_f32(reinterpret_cast<const float*>(key), q, hd)) *
+                    scale;
+      }
+      float max = scores[0];
+      for (size_t t = 1; t < n_pos; ++t) max = std::max(max, scores[t]);
+      float sum = 0.0f;
+      for (size_t t = 0; t < n_pos; ++t) {
+        scores[t] = std::exp(scores[t] - max);
+        sum += scores[t];
+      }
+      std::fill(out, out + hd, 0.0f);
+      for (size_t t = 0; t < n_pos; ++t) {
+        const uint8_t* block = pool.data(row.table->block_of(t));
+        const uint8_t* value = block + g.offset(layer, 1, kvh, row.table->slot_of(t));
+        if (f16) {
+          kernels::axpy_f16(scores[t], reinterpret_cast<const uint16_t*>(value), out, hd);
+        } else {
+          kernels::axpy_f32(scores[t], reinterpret_cast<const float*>(value), out, hd);
+        }
+      }
+      const float inv = 1.0f / sum;
+      for (int i = 0; i < hd; ++i) out[i] *= inv;
+    }
+  });
+}
+
+std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& pool,
+                                           std::span<const BatchRow> rows,
+                                           ForwardScratch& s) const {
+  const LlamaConfig& c = config_;
+  const kv::KvGeometry& g = pool.geometry();
+  if (g.n_layers != c.n_layers || g.n_kv_heads != c.n_kv_heads || g.head_dim != c.head_dim) {
+    fail(
+        "KV pool geometry ({} layers, {} KV heads, head dim {}) does not match the model "
+        "({}, {}, {})",
+        g.n_layers, g.n_kv_heads, g.head_dim, c.n_layers, c.n_kv_heads, c.head_dim);
+  }
+  const size_t n = rows.size();
+  const size_t d = c.n_embd;
+  size_t n_logits = 0;
+  for (const BatchRow& row : rows) {
+    if (row.token < 0 || row.token >= c.n_vocab) {
+      fail("token id {} is outside the vocabulary of {} tokens", row.token, c.n_vocab);
+    }
+    if (row.table == nullptr || &row.table->pool() != &pool || row.pos < 0 ||
+        static_cast<size_t>(row.pos) >= row.table->capacity_tokens()) {
+      fail("position {} is not covered by its sequence's KV blocks", row.pos);
+    }
+    n_logits += row.want_logits ? 1 : 0;
+  }
+
+  s.x.resize(n * d);
+  s.xb.resize(n * d);
+  s.q.resize(n * c.q_dim());
+  s.k.resize(n * c.kv_dim());
+  s.v.resize(n * c.kv_dim());
+  s.attn.resize(n * c.q_dim());
+  s.gate.resize(n * c.n_ff);
+  s.up.resize(n * c.n_ff);
+  const int half_rot = c.n_rot / 2;
+  s.rope_cos.resize(n * half_rot);
+  s.rope_sin.resize(n * half_rot);
+
+  const size_t embd_row = row_bytes(token_embd_->dtype, d);
+  for (size_t r = 0; r < n; ++r) {
+    dequantize_row(token_embd_->dtype, token_embd_->data + rows[r].token * embd_row,
+                   s.x.data() + r * d, d);
+    for (int i = 0; i < half_rot; ++i) {
+      const double freq = std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.n_rot);
+      const double angle = rows[r].pos * freq;
+      s.rope_cos[r * half_rot + i] = static_cast<float>(std::cos(angle));
+      s.rope_sin[r * half_rot + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& w = layers_[l];
+    threads.parallel_for(n, [&](size_t b, size_t e) {
+      for (size_t r = b; r < e; ++r) {
+        rms_norm(&s.x[r * d], w.attn_norm.data(), &s.xb[r * d], d, c.rms_eps);
+      }
+    });
+    matmul(threads, w.wq, s.xb.data(), n, s.q.data(), s.activations);
+    matmul(threads, w.wk, s.xb.data(), n, s.k.data(), s.activations);
+    matmul(threads, w.wv, s.xb.data(), n, s.v.data(), s.activations);
+    for (size_t r = 0; r < n; ++r) {
+      const float* cs = &s.rope_cos[r * half_rot];
+      const float* sn = &s.rope_sin[r * half_rot];
+      apply_rope(&s.q[r * c.q_dim()], c.n_heads, c.head_dim, c.n_rot, cs, sn);
+      apply_rope(&s.k[r * c.kv_dim()], c.n_kv_heads, c.head_dim, c.n_rot, cs, sn);
+      const kv::BlockTable& table = *rows[r].table;
+      uint8_t* block = pool.data(table.block_of(rows[r].pos));
+      const int slot = table.slot_of(rows[r].pos);
+      for (int h = 0; h < c.n_kv_heads; ++h) {
+        const size_t src = r * c.kv_dim() + static_cast<size_t>(h) * c.head_dim;
+        quantize_row(g.dtype, &s.k[src], block + g.offset(l, 0, h, slot), c.head_dim);
+        quantize_row(g.dtype, &s.v[src], block + g.offset(l, 1, h, slot), c.head_dim);
+      }
+    }
+    attention(threads, pool, rows, l, s);
+    matmul(threads, w.wo, s.attn.data(), n, s.xb.data(), s.activations);
+    for (size_t i = 0; i < n * d; ++i) s.x[i] += s.xb[i];
+    threads.parallel_for(n, [&](size_t b, size_t e) {
+      for (size_t r = b; r < e; ++r) {
+        rms_norm(&s.x[r * d], w.ffn_norm.data(), &s.xb[r * d], d, c.rms_eps);
+      }
+    });
+    matmul(threads, w.w_gate, s.xb.data(), n, s.gate.data(), s.activations);
+    matmul(threads, w.w_up, s.xb.data(), n, s.up.data(), s.activations);
+    threads.parallel_for(n * c.n_ff, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) {
+        const float gv = s.gate[i];
+        s.gate[i] = gv / (1.0f + std::exp(-gv)) * s.up[i];
+      }
+    });
+    matmul(threads, w.w_down, s.gate.data(), n, s.xb.data(), s.activations);
+    for (size_t i = 0; i < n * d; ++i) s.x[i] += s.xb[i];
+  }
+
+  s.logits_in.resize(n_logits * d);
+  size_t m = 0;
+  for (size_t r = 0; r < n; ++r) {
+    if (!rows[r].want_logits) continue;
+    rms_norm(&s.x[r * d], output_norm_.data(), &s.logits_in[m * d], d, c.rms_eps);
+    ++m;
+  }
+  s.logits.resize(n_logits * c.n_vocab);
+  if (n_logits > 0) {
+    matmul(threads, output_, s.logits_in.data(), n_logits, s.logits.data(), s.activations);
+  }
+  return {s.logits.data(), s.logits.size()};
+}
+
+}  // namespace kvc::model

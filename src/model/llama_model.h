@@ -1,0 +1,87 @@
+// The Llama-family forward pass over a batch of sequences whose keys and values live in
+// KV-pool blocks.
+//
+// One call runs any mix of rows: prompt chunks and single decode tokens of different
+// sequences at different positions. Each row's result depends only on its own token, its
+// position and its sequence's cached keys and values, never on the other rows, the batch size
+// or the thread count (DESIGN.md: a hit never changes the answer).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/matmul.h"
+#include "base/thread_pool.h"
+#include "kv/block_pool.h"
+#include "kv/block_table.h"
+#include "model/gguf.h"
+#include "model/llama_config.h"
+
+namespace kvc::model {
+
+// One token of one sequence in a forward batch.
+struct BatchRow {
+  int32_t token = 0;
+  int32_t pos = 0;                        // its position in the sequence
+  const kv::BlockTable* table = nullptr;  // blocks covering positions [0, pos]
+  bool want_logits = false;               // whether to compute this row's logits
+};
+
+// Working memory of forward passes, reused between calls to avoid reallocation.
+struct ForwardScratch {
+  std::vector<float> x, xb, q, k, v, attn, gate, up, logits_in, logits;
+  std::vector<float> rope_cos, rope_sin;
+  std::vector<uint8_t> activations;
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm, ffn_norm;
+  WeightView wq, wk, wv, wo, w_gate, w_up, w_down;
+};
+
+class LlamaModel {
+ public:
+  // Maps the GGUF file at path and binds every tensor in place; throws Error naming the
+  // tensor or key at fault.
+  static std::unique_ptr<LlamaModel> load(const std::string& path);
+  // Binds an already parsed file (which must outlive the model).
+  static std::unique_ptr<LlamaModel> from_file(std::shared_ptr<const gguf::File> file);
+
+  const LlamaConfig& config() const { return config_; }
+  const gguf::File& file() const { return *file_; }
+  // Bytes of all tensors (what a decode step streams from memory, plus the embedding table).
+  uint64_t weight_bytes() const { return weight_bytes_; }
+  // Bytes read from weights to produce one token's logits (all matrices but the embedding).
+  uint64_t bytes_read_per_token() const { return bytes_read_per_token_; }
+  // The dtype most of the weights have (that of attn_q in layer 0).
+  DType weight_dtype() const { return layers_.front().wq.dtype; }
+
+  // Runs rows through the model, writing each row's keys and values into its block table's
+  // blocks (at position pos) and returning, row-major, the vocabulary logits of the rows with
+  // want_logits set, in row order. Throws Error if a row's table does not cover its position
+  // or a token is outside the vocabulary.
+  std::span<const float> forward(ThreadPool& threads, kv::BlockPool& pool,
+                                 std::span<const BatchRow> rows, ForwardScratch& scratch) const;
+
+ private:
+  LlamaModel() = default;
+  void bind_weights();
+  WeightView matrix(const std::string& name, size_t in_dim, size_t out_dim) const;
+  std::vector<float> vector(const std::string& name, size_t n) const;
+  void attention(ThreadPool& threads, kv::BlockPool& pool, std::span<const BatchRow> rows,
+                 int layer, ForwardScratch& s) const;
+
+  std::shared_ptr<const gguf::File> file_;
+  LlamaConfig config_;
+  const gguf::TensorInfo* token_embd_ = nullptr;
+  std::vector<LayerWeights> layers_;
+  std::vector<float> output_norm_;
+  WeightView output_;
+  uint64_t weight_bytes_ = 0;
+  uint64_t bytes_read_per_token_ = 0;
+};
+
+}  // namespace kvc::model

@@ -1,0 +1,145 @@
+#include "model/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_set>
+
+#include "base/error.h"
+
+namespace kvc::model {
+
+void SamplingParams::validate() const {
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature)) {
+    fail("temperature must be a finite number >= 0, got {}", temperature);
+  }
+  if (!(top_p > 0.0f && top_p <= 1.0f)) fail("top_p must be in (0, 1], got {}", top_p);
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) fail("min_p must be in [0, 1], got {}", min_p);
+  if (!(repeat_penalty > 0.0f) || !std::isfinite(repeat_penalty)) {
+    fail("repeat_penalty must be a finite number > 0, got {}", repeat_penalty);
+  }
+  if (repeat_last_n < 0) fail("repeat_last_n must be >= 0, got {}", repeat_last_n);
+}
+
+namespace {
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+uint64_t rotl(uint64_t x, int k) {
+  return (x << k) | (x >> (64 - k));
+}
+}  // namespace
+
+Rng::Rng(uint64_t seed) {
+  for (uint64_t& s : s_) s = splitmix64(seed);
+}
+
+uint64_t Rng::next() {
+  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+double Rng::uniform() {
+  return static_cast<double>(next() >> 11) * 0x1.0p-53;
+}
+
+int32_t argmax(std::span<const float> logits) {
+  int32_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i) {
+    if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
+  }
+  return best;
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
+  params_.validate();
+}
+
+std::vector<TokenProb> Sampler::candidates(std::span<const float> logits,
+                                           std::span<const int32_t> history) const {
+  std::vector<float> adjusted(logits.begin(), logits.end());
+  if (params_.repeat_penalty != 1.0f && params_.repeat_last_n > 0) {
+    // As llama.cpp: each distinct recent token is penalised once, dividing positive logits
+    // and multiplying negative ones.
+    const size_t n = std::min(history.size(), static_cast<size_t>(params_.repeat_last_n));
+    std::unordered_set<int32_t> seen(history.end() - n, history.end());
+    for (int32_t id : seen) {
+      if (id < 0 || static_cast<size_t>(id) >= adjusted.size()) continue;
+      float& l = adjusted[id];
+      l = l > 0.0f ? l / params_.repeat_penalty : l * params_.repeat_penalty;
+    }
+  }
+  std::vector<TokenProb> c(adjusted.size());
+  for (size_t i = 0; i < adjusted.size(); ++i) c[i] = {static_cast<int32_t>(i), adjusted[i]};
+  // Descending by logit, ties by id, so truncation is deterministic.
+  const auto by_logit = [](const TokenProb& a, const TokenProb& b) {
+    return a.p > b.p || (a.p == b.p && a.id < b.id);
+  };
+  if (params_.temperature <= 0.0f) {
+    const int32_t best = argmax(adjusted);
+    return {TokenProb{best, 1.0f}};
+  }
+  size_t keep = c.size();
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) {
+    keep = static_cast<size_t>(params_.top_k);
+    std::partial_sort(c.begin(), c.begin() + keep, c.end(), by_logit);
+    c.resize(keep);
+  } else {
+    std::sort(c.begin(), c.end(), by_logit);
+  }
+  // Softmax at temperature 1 for top-p and min-p, as llama.cpp's default chain does.
+  const auto softmax = [](std::vector<TokenProb>& v, float logit_scale) {
+    const float max = v.front().p;
+    double sum = 0.0;
+    std::vector<double> e(v.size());
+    for (size_t i = 0; i < v.size(); ++i) sum += e[i] = std::exp((v[i].p - max) * logit_scale);
+    std::vector<float> p(v.size());
+    for (size_t i = 0; i < v.size(); ++i) p[i] = static_cast<float>(e[i] / sum);
+    return p;
+  };
+  std::vector<float> p = softmax(c, 1.0f);
+  if (params_.top_p < 1.0f) {
+    double cum = 0.0;
+    size_t n = 0;
+    while (n < c.size()) {
+      cum += p[n++];
+      if (cum >= params_.top_p) break;
+    }
+    c.resize(n);
+    p.resize(n);
+  }
+  if (params_.min_p > 0.0f) {
+    const float floor = p.front() * params_.min_p;
+    size_t n = 1;
+    while (n < c.size() && p[n] >= floor) ++n;
+    c.resize(n);
+  }
+  const float inv_temp = 1.0f / params_.temperature;
+  p = softmax(c, inv_temp);
+  for (size_t i = 0; i < c.size(); ++i) c[i].p = p[i];
+  return c;
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  if (logits.empty()) fail("sample: empty logits");
+  const std::vector<TokenProb> c = candidates(logits, history);
+  if (c.size() == 1) return c.front().id;
+  const double u = rng_.uniform();
+  double cum = 0.0;
+  for (const TokenProb& t : c) {
+    cum += t.p;
+    if (u < cum) return t.id;
+  }
+  return c.back().id;
+}
+
+}  // namespace kvc::model

@@ -1,0 +1,207 @@
+#include "model/synthetic_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+#include <unordered_set>
+
+#include "base/error.h"
+#include "base/thread_pool.h"
+#include "model/gguf_writer.h"
+#include "model/sampler.h"
+
+namespace kvc::model {
+
+const std::vector<SyntheticPreset>& synthetic_presets() {
+  static const std::vector<SyntheticPreset> presets = {
+      {"tiny", 512, 64, 192, 2, 4, 2, 512, 10000.0f, true},
+      {"110m", 32000, 768, 2048, 12, 12, 12, 1024, 10000.0f, false},
+      {"tinyllama-1.1b", 32000, 2048, 5632, 22, 32, 4, 2048, 10000.0f, false},
+      {"llama3-8b", 128256, 4096, 14336, 32, 32, 8, 8192, 500000.0f, false},
+  };
+  return presets;
+}
+
+const SyntheticPreset& find_synthetic_preset(const std::string& name) {
+  std::string names;
+  for (const auto& p : synthetic_presets()) {
+    if (p.name == name) return p;
+    names += (names.empty() ? "" : ", ") + p.name;
+  }
+  fail("unknown preset '{}' (known presets: {})", name, names);
+}
+
+SyntheticVocab make_synthetic_vocab(int n_vocab, uint64_t seed) {
+  if (n_vocab < 259 + 64) fail("a synthetic vocabulary needs at least 323 tokens, got {}", n_vocab);
+  SyntheticVocab v;
+  const auto add = [&](std::string piece, int32_t type) {
+    v.tokens.push_back(std::move(piece));
+    v.types.push_back(type);
+  };
+  add("<unk>", 2);
+  add("<s>", 3);
+  add("</s>", 3);
+  for (int b = 0; b < 256; ++b) add(fmt::format("<0x{:02X}>", b), 6);
+  const std::string space = "\xe2\x96\x81";  // U+2581, SentencePiece's space
+  std::vector<std::string> normal = {space};
+  for (char c = 'a'; c <= 'z'; ++c) normal.emplace_back(1, c);
+  for (char c = 'A'; c <= 'Z'; ++c) normal.emplace_back(1, c);
+  for (char c = '0'; c <= '9'; ++c) normal.emplace_back(1, c);
+  for (char c : std::string(".,!?'\"-:;()")) normal.emplace_back(1, c);
+  std::unordered_set<std::string> seen(normal.begin(), normal.end());
+  Rng rng(seed ^ 0x766f636162ull);
+  const size_t target = static_cast<size_t>(n_vocab) - v.tokens.size();
+  // Word-like pieces: a left piece (often a space-led word start) plus a short right piece
+  // that does not begin with a space. Early pieces are short and common, as in real vocabs.
+  while (normal.size() < target) {
+    const size_t n = normal.size();
+    const size_t li = static_cast<size_t>(rng.uniform() * rng.uniform() * n);
+    const size_t ri = 1 + static_cast<size_t>(rng.uniform() * rng.uniform() * (n - 1));
+    const std::string& right = normal[ri];
+    if (right.rfind(space, 0) == 0) continue;
+    std::string piece = normal[li] + right;
+    if (piece.size() > 16 || !seen.insert(piece).second) continue;
+    normal.push_back(std::move(piece));
+  }
+  normal.resize(target);
+  for (auto& p : normal) add(std::move(p), 1);
+  v.scores.resize(v.tokens.size(), 0.0f);
+  for (size_t i = 259; i < v.tokens.size(); ++i) v.scores[i] = -static_cast<float>(i - 259);
+  return v;
+}
+
+namespace {
+
+struct TensorPlan {
+  std::string name;
+  std::vector<uint64_t> dims;
+  DType dtype;
+  enum Kind { kMatrix, kNorm } kind;
+};
+
+std::vector<TensorPlan> plan_tensors(const SyntheticPreset& p, const SyntheticOptions& o,
+                                     int layers) {
+  const auto matrix_type = [&](uint64_t in_dim) {
+    // Quantised rows must hold whole 32-element blocks; ragged rows fall back to f16.
+    return (in_dim % block_elements(o.dtype) == 0) ? o.dtype : DType::F16;
+  };
+  const uint64_t d = p.n_embd, hd = p.n_embd / p.n_heads, ff = p.n_ff;
+  const uint64_t q = p.n_heads * hd, kv = p.n_kv_heads * hd;
+  std::vector<TensorPlan> t;
+  t.push_back({"token_embd.weight",
+               {d, static_cast<uint64_t>(p.n_vocab)},
+               matrix_type(d),
+               TensorPlan::kMatrix});
+  for (int l = 0; l < layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    t.push_back({b + "attn_norm.weight", {d}, DType::F32, TensorPlan::kNorm});
+    t.push_back({b + "attn_q.weight", {d, q}, matrix_type(d), TensorPlan::kMatrix});
+    t.push_back({b + "attn_k.weight", {d, kv}, matrix_type(d), TensorPlan::kMatrix});
+    t.push_back({b + "attn_v.weight", {d, kv}, matrix_type(d), TensorPlan::kMatrix});
+    t.push_back({b + "attn_output.weight", {q, d}, matrix_type(q), TensorPlan::kMatrix});
+    t.push_back({b + "ffn_norm.weight", {d}, DType::F32, TensorPlan::kNorm});
+    t.push_back({b + "ffn_gate.weight", {d, ff}, matrix_type(d), TensorPlan::kMatrix});
+    t.push_back({b + "ffn_up.weight", {d, ff}, matrix_type(d), TensorPlan::kMatrix});
+    t.push_back({b + "ffn_down.weight", {ff, d}, matrix_type(ff), TensorPlan::kMatrix});
+  }
+  t.push_back({"output_norm.weight", {d}, DType::F32, TensorPlan::kNorm});
+  if (!p.tied_output) {
+    t.push_back({"output.weight",
+                 {d, static_cast<uint64_t>(p.n_vocab)},
+                 matrix_type(d),
+                 TensorPlan::kMatrix});
+  }
+  return t;
+}
+
+int layer_count(const SyntheticPreset& p, const SyntheticOptions& o) {
+  if (o.layers < 0 || o.layers > 1024) fail("--layers must be 1..1024, got {}", o.layers);
+  return o.layers > 0 ? o.layers : p.n_layers;
+}
+
+uint64_t tensor_bytes(const TensorPlan& t) {
+  uint64_t rows = 1;
+  for (size_t i = 1; i < t.dims.size(); ++i) rows *= t.dims[i];
+  return row_bytes(t.dtype, t.dims[0]) * rows;
+}
+
+// Fills rows [begin, end) of a matrix with uniform values in [-scale, scale); each row has its
+// own generator seeded from (seed, tensor, row), so the result does not depend on threads.
+void fill_rows(const TensorPlan& t, uint64_t seed, size_t index, uint8_t* dst, size_t begin,
+               size_t end) {
+  const size_t n = t.dims[0];
+  const size_t stride = row_bytes(t.dtype, n);
+  const float scale = std::sqrt(3.0f / static_cast<float>(n));
+  std::vector<float> row(n);
+  for (size_t r = begin; r < end; ++r) {
+    Rng rng(seed * 0x9e3779b97f4a7c15ull + index * 0x100000001b3ull + r);
+    for (size_t i = 0; i < n; ++i) {
+      row[i] = static_cast<float>((rng.uniform() * 2.0 - 1.0) * scale);
+    }
+    quantize_row(t.dtype, row.data(), dst + r * stride, n);
+  }
+}
+
+}  // namespace
+
+uint64_t synthetic_model_bytes(const SyntheticOptions& options) {
+  const SyntheticPreset& p = find_synthetic_preset(options.preset);
+  uint64_t total = 0;
+  for (const auto& t : plan_tensors(p, options, layer_count(p, options))) total += tensor_bytes(t);
+  return total;
+}
+
+void write_synthetic_model(const SyntheticOptions& o, const std::string& path,
+                           const std::function<void(uint64_t, uint64_t)>& progress) {
+  const SyntheticPreset& p = find_synthetic_preset(o.preset);
+  if (o.dtype == DType::BF16) fail("make-model writes f32, f16, q8_0 or q4_0, not bf16");
+  const int layers = layer_count(p, o);
+  const std::string arch = "llama";
+  gguf::Writer w;
+  w.set_string("general.architecture", arch);
+  w.set_string("general.name", "kvcache-synthetic-" + p.name);
+  w.set_string("general.description",
+               "synthetic model with random weights written by kvcache make-model");
+  w.set_u32("general.file_type", o.dtype == DType::F32    ? 0
+                                 : o.dtype == DType::F16  ? 1
+                                 : o.dtype == DType::Q4_0 ? 2
+                                                          : 7);
+  w.set_u32(arch + ".context_length", p.context_length);
+  w.set_u32(arch + ".embedding_length", p.n_embd);
+  w.set_u32(arch + ".feed_forward_length", p.n_ff);
+  w.set_u32(arch + ".block_count", layers);
+  w.set_u32(arch + ".attention.head_count", p.n_heads);
+  w.set_u32(arch + ".attention.head_count_kv", p.n_kv_heads);
+  w.set_u32(arch + ".rope.dimension_count", p.n_embd / p.n_heads);
+  w.set_f32(arch + ".rope.freq_base", p.rope_theta);
+  w.set_f32(arch + ".attention.layer_norm_rms_epsilon", 1e-5f);
+  w.set_u32(arch + ".vocab_size", p.n_vocab);
+  SyntheticVocab vocab = make_synthetic_vocab(p.n_vocab, o.seed);
+  w.set_string("tokenizer.ggml.model", "llama");
+  w.set_string_array("tokenizer.ggml.tokens", std::move(vocab.tokens));
+  w.set_f32_array("tokenizer.ggml.scores", std::move(vocab.scores));
+  w.set_i32_array("tokenizer.ggml.token_type", std::move(vocab.types));
+  w.set_u32("tokenizer.ggml.unknown_token_id", 0);
+  w.set_u32("tokenizer.ggml.bos_token_id", 1);
+  w.set_u32("tokenizer.ggml.eos_token_id", 2);
+  w.set_bool("tokenizer.ggml.add_bos_token", true);
+  w.set_bool("tokenizer.ggml.add_eos_token", false);
+
+  const std::vector<TensorPlan> tensors = plan_tensors(p, o, layers);
+  const int threads = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
+  auto pool = std::make_shared<ThreadPool>(threads);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorPlan& t = tensors[i];
+    w.add_tensor(t.name, t.dims, t.dtype, [t, i, seed = o.seed, pool](uint8_t* dst, size_t) {
+      if (t.kind == TensorPlan::kNorm) {
+        std::vector<float> ones(t.dims[0], 1.0f);
+        quantize_row(t.dtype, ones.data(), dst, ones.size());
+        return;
+      }
+      pool->parallel_for(t.dims[1], [&](size_t b, size_t e) { fill_rows(t, seed, i, dst, b, e); });
+    });
+  }
+  w.write(path, progress);
+}
+
+}  // namespace kvc::model

@@ -1,0 +1,56 @@
+// Synthetic Llama-family GGUF files with realistic shapes and deterministic random weights,
+// so that benchmarks and tests run at real sizes without downloading a model.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+
+namespace kvc::model {
+
+struct SyntheticPreset {
+  std::string name;
+  int n_vocab;
+  int n_embd;
+  int n_ff;
+  int n_layers;
+  int n_heads;
+  int n_kv_heads;
+  int context_length;
+  float rope_theta;
+  bool tied_output;  // whether output.weight is omitted (classifier tied to the embedding)
+};
+
+// The presets: tiny (tests), 110m, tinyllama-1.1b, llama3-8b.
+const std::vector<SyntheticPreset>& synthetic_presets();
+// The preset called name; throws Error listing the valid names otherwise.
+const SyntheticPreset& find_synthetic_preset(const std::string& name);
+
+struct SyntheticOptions {
+  std::string preset = "tiny";
+  DType dtype = DType::F32;  // matrices; norms stay f32
+  int layers = 0;            // > 0 overrides the preset's layer count
+  uint64_t seed = 1;
+};
+
+// A llama-style SentencePiece vocabulary of n tokens: <unk>, <s>, </s>, the 256 byte tokens,
+// then pieces each made of two earlier pieces (so BPE merges can reach every one), with
+// descending scores.
+struct SyntheticVocab {
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  std::vector<int32_t> types;
+};
+SyntheticVocab make_synthetic_vocab(int n_vocab, uint64_t seed);
+
+// Writes the model to path (atomically); progress(done, total) reports bytes written.
+void write_synthetic_model(const SyntheticOptions& options, const std::string& path,
+                           const std::function<void(uint64_t, uint64_t)>& progress = {});
+
+// Bytes the file will take (tensor data only), for progress and disk checks.
+uint64_t synthetic_model_bytes(const SyntheticOptions& options);
+
+}  // namespace kvc::model

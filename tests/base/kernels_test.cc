@@ -1,0 +1,146 @@
+#include "base/kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "base/matmul.h"
+
+namespace kvc {
+namespace {
+
+using kernels::Isa;
+
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> out = {Isa::kScalar};
+  if (kernels::best_isa() >= Isa::kAvx2) out.push_back(Isa::kAvx2);
+  if (kernels::best_isa() >= Isa::kAvx512) out.push_back(Isa::kAvx512);
+  return out;
+}
+
+struct IsaGuard {
+  Isa saved = kernels::active_isa();
+  ~IsaGuard() { kernels::set_isa(saved); }
+};
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// The exact dot product of what the kernel sees: both operands dequantised, summed in double.
+double reference_dot(DType wt, const std::vector<uint8_t>& w, const std::vector<uint8_t>& x,
+                     size_t n) {
+  std::vector<float> wf(n), xf(n);
+  dequantize_row(wt, w.data(), wf.data(), n);
+  dequantize_row(kernels::activation_type(wt), x.data(), xf.data(), n);
+  double s = 0.0;
+  for (size_t i = 0; i < n; ++i) s += static_cast<double>(wf[i]) * xf[i];
+  return s;
+}
+
+// Every kernel on every instruction set this CPU has, against a double-precision reference.
+// Tolerance: each kernel sums n products in f32 in some order, so the error is bounded by
+// about n * 2^-24 * sum|w_i x_i|; we allow 4x that. Integer kernels are exact within a block,
+// leaving only the f32 accumulation of n/32 block sums and the f16 product of the scales.
+TEST(Kernels, DotMatchesReferenceOnEveryIsa) {
+  IsaGuard guard;
+  for (Isa isa : supported_isas()) {
+    kernels::set_isa(isa);
+    for (DType wt : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
+      for (size_t n : {32u, 64u, 96u, 160u, 2048u, 5632u}) {
+        if (block_elements(wt) == 1) n += 7;  // ragged lengths exercise the scalar tails
+        const auto wf = random_floats(n, 1 + static_cast<uint32_t>(n));
+        const auto xf = random_floats(n, 2 + static_cast<uint32_t>(n));
+        std::vector<uint8_t> w(row_bytes(wt, n)), x(kernels::activation_row_bytes(wt, n));
+        quantize_row(wt, wf.data(), w.data(), n);
+        kernels::prepare_activations(wt, xf.data(), x.data(), n);
+        float got = 0.0f;
+        kernels::dot_rows(wt, w.data(), x.data(), x.size(), 1, n, &got);
+        const double want = reference_dot(wt, w, x, n);
+        double magnitude = 0.0;
+        for (size_t i = 0; i < n; ++i) magnitude += std::fabs(wf[i] * xf[i]);
+        EXPECT_NEAR(got, want, 4.0 * n * std::ldexp(1.0, -24) * magnitude + 1e-6)
+            << kernels::isa_name(isa) << " " << dtype_name(wt) << " n=" << n;
+      }
+    }
+  }
+}
+
+TEST(Kernels, SimdAgreesWithScalarOnF16AttentionKernels) {
+  IsaGuard guard;
+  for (Isa isa : supported_isas()) {
+    kernels::set_isa(isa);
+    for (size_t n : {8u, 16u, 64u, 80u, 128u, 131u}) {
+      const auto a = random_floats(n, 3), b = random_floats(n, 4);
+      std::vector<uint16_t> ah(n);
+      quantize_row(DType::F16, a.data(), ah.data(), n);
+      std::vector<float> ar(n);
+      dequantize_row(DType::F16, ah.data(), ar.data(), n);
+      double want32 = 0, want16 = 0, mag = 0;
+      for (size_t i = 0; i < n; ++i) {
+        want32 += static_cast<double>(a[i]) * b[i];
+        want16 += static_cast<double>(ar[i]) * b[i];
+        mag += std::fabs(a[i] * b[i]);
+      }
+      const double tol = 4.0 * n * std::ldexp(1.0, -24) * mag;
+      EXPECT_NEAR(kernels::dot_f32(a.data(), b.data(), n), want32, tol) << n;
+      EXPECT_NEAR(kernels::dot_f16_f32(ah.data(), b.data(), n), want16, tol) << n;
+      // axpy rounds each lane once or twice (fused or not): 2 ulps of the result.
+      std::vector<float> y(b), y16(b);
+      kernels::axpy_f32(0.37f, a.data(), y.data(), n);
+      kernels::axpy_f16(-1.5f, ah.data(), y16.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        EXPECT_NEAR(y[i], b[i] + 0.37 * a[i], 2e-7 * (std::fabs(b[i]) + 1.0)) << i;
+        EXPECT_NEAR(y16[i], b[i] - 1.5 * ar[i], 4e-7 * (std::fabs(b[i]) + 2.0)) << i;
+      }
+    }
+  }
+}
+
+// A row's result must not depend on how many rows share the call or the thread count.
+TEST(Kernels, MatmulRowsAreIndependentOfBatchAndThreads) {
+  IsaGuard guard;
+  for (Isa isa : supported_isas()) {
+    kernels::set_isa(isa);
+    for (DType wt : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0}) {
+      const size_t in = 256, out = 67, rows = 19;
+      const auto wf = random_floats(in * out, 5);
+      std::vector<uint8_t> w(row_bytes(wt, in) * out);
+      for (size_t o = 0; o < out; ++o) {
+        quantize_row(wt, &wf[o * in], &w[o * row_bytes(wt, in)], in);
+      }
+      const WeightView view{wt, w.data(), out, in};
+      const auto x = random_floats(in * rows, 6);
+      std::vector<uint8_t> scratch;
+      ThreadPool one(1), two(2), three(3);
+      std::vector<float> batch(rows * out), batch2(rows * out), batch3(rows * out);
+      matmul(one, view, x.data(), rows, batch.data(), scratch);
+      matmul(two, view, x.data(), rows, batch2.data(), scratch);
+      matmul(three, view, x.data(), rows, batch3.data(), scratch);
+      EXPECT_EQ(batch, batch2) << dtype_name(wt);
+      EXPECT_EQ(batch, batch3) << dtype_name(wt);
+      for (size_t r = 0; r < rows; ++r) {
+        std::vector<float> single(out);
+        matmul(two, view, &x[r * in], 1, single.data(), scratch);
+        EXPECT_EQ(0, std::memcmp(single.data(), &batch[r * out], out * sizeof(float)))
+            << kernels::isa_name(isa) << " " << dtype_name(wt) << " row " << r;
+      }
+    }
+  }
+}
+
+TEST(Kernels, IsaNamesParse) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    EXPECT_EQ(kernels::parse_isa(kernels::isa_name(isa)), isa);
+  }
+  EXPECT_FALSE(kernels::parse_isa("neon").has_value());
+}
+
+}  // namespace
+}  // namespace kvc
