@@ -16,8 +16,6 @@ namespace kvc::gguf {
 namespace {
 
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" little-endian
-constexpr int kMaxArrayDepth = 8;
-constexpr uint32_t kMaxDims = 4;
 constexpr uint64_t kMaxNameBytes = 1 << 16;
 
 // Smallest encoded size of one value of type t, so that a count can be checked against the
@@ -46,7 +44,9 @@ uint64_t min_encoded_size(ValueType t) {
   return 1;
 }
 
-bool valid_type(uint32_t t) { return t <= static_cast<uint32_t>(ValueType::kF64); }
+bool valid_type(uint32_t t) {
+  return t <= static_cast<uint32_t>(ValueType::kF64);
+}
 
 class Cursor {
  public:
@@ -89,71 +89,71 @@ class Cursor {
   uint64_t pos_ = 0;
 };
 
-Value read_value(Cursor& in, ValueType type, const std::string& key, const std::string& label,
+Value read_value(Cursor& in, ValueType type, const std::string& what, const std::string& label,
                  int depth) {
   Value v;
   v.type = type;
   switch (type) {
     case ValueType::kU8:
-      v.data = uint64_t{in.read<uint8_t>(key)};
+      v.data = uint64_t{in.read<uint8_t>(what)};
       break;
     case ValueType::kI8:
-      v.data = int64_t{in.read<int8_t>(key)};
+      v.data = int64_t{in.read<int8_t>(what)};
       break;
     case ValueType::kU16:
-      v.data = uint64_t{in.read<uint16_t>(key)};
+      v.data = uint64_t{in.read<uint16_t>(what)};
       break;
     case ValueType::kI16:
-      v.data = int64_t{in.read<int16_t>(key)};
+      v.data = int64_t{in.read<int16_t>(what)};
       break;
     case ValueType::kU32:
-      v.data = uint64_t{in.read<uint32_t>(key)};
+      v.data = uint64_t{in.read<uint32_t>(what)};
       break;
     case ValueType::kI32:
-      v.data = int64_t{in.read<int32_t>(key)};
+      v.data = int64_t{in.read<int32_t>(what)};
       break;
     case ValueType::kU64:
-      v.data = in.read<uint64_t>(key);
+      v.data = in.read<uint64_t>(what);
       break;
     case ValueType::kI64:
-      v.data = in.read<int64_t>(key);
+      v.data = in.read<int64_t>(what);
       break;
     case ValueType::kF32:
-      v.data = double{in.read<float>(key)};
+      v.data = double{in.read<float>(what)};
       break;
     case ValueType::kF64:
-      v.data = in.read<double>(key);
+      v.data = in.read<double>(what);
       break;
     case ValueType::kBool: {
       const uint64_t at = in.offset();
-      const auto b = in.read<uint8_t>(key);
-      if (b > 1) fail("{}: key '{}': bool at offset {} has value {}", label, key, at, b);
+      const auto b = in.read<uint8_t>(what);
+      if (b > 1) fail("{}: {}: bool at offset {} has value {}", label, what, at, b);
       v.data = b == 1;
       break;
     }
     case ValueType::kString:
-      v.data = in.read_string(key);
+      v.data = in.read_string(what);
       break;
     case ValueType::kArray: {
       if (depth >= kMaxArrayDepth) {
-        fail("{}: key '{}': arrays nested deeper than {} at offset {}", label, key,
-             kMaxArrayDepth, in.offset());
+        fail("{}: {}: arrays nested deeper than {} at offset {}", label, what, kMaxArrayDepth,
+             in.offset());
       }
       const uint64_t at = in.offset();
-      const auto element = in.read<uint32_t>(key);
+      const auto element = in.read<uint32_t>(what);
       if (!valid_type(element)) {
-        fail("{}: key '{}': unknown array element type {} at offset {}", label, key, element, at);
+        fail("{}: {}: unknown array element type {} at offset {}", label, what, element, at);
       }
       v.element_type = static_cast<ValueType>(element);
-      const auto count = in.read<uint64_t>(key);
+      const auto count = in.read<uint64_t>(what);
       if (count > in.remaining() / min_encoded_size(v.element_type)) {
-        fail("{}: key '{}': array at offset {} claims {} elements, more than the {} bytes left",
-             label, key, at, count, in.remaining());
+        fail("{}: {}: array at offset {} claims {} elements, more than the {} bytes left", label,
+             what, at, count, in.remaining());
       }
       Value::Array items;
       items.reserve(count);
       for (uint64_t i = 0; i < count; ++i) {
-        items.push_back(read_value(in, v.element_type, key, label, depth + 1));
+        items.push_back(read_value(in, v.element_type, what, label, depth + 1));
       }
       v.data = std::move(items);
       break;
@@ -165,9 +165,9 @@ Value read_value(Cursor& in, ValueType type, const std::string& key, const std::
 }  // namespace
 
 std::string_view value_type_name(ValueType t) {
-  static constexpr std::string_view names[] = {"u8",  "i8",   "u16",    "i16",   "u32",
-                                               "i32", "f32",  "bool",   "string", "array",
-                                               "u64", "i64",  "f64"};
+  static constexpr std::string_view names[] = {"u8",  "i8",  "u16",  "i16",    "u32",
+                                               "i32", "f32", "bool", "string", "array",
+                                               "u64", "i64", "f64"};
   const auto i = static_cast<uint32_t>(t);
   return i < std::size(names) ? names[i] : "unknown";
 }
@@ -289,11 +289,13 @@ void File::parse_all() {
     std::string key = in.read_string("metadata key");
     if (key.empty()) fail("{}: metadata pair {} at offset {} has an empty key", label_, i, at);
     const uint64_t type_at = in.offset();
-    const auto type = in.read<uint32_t>(key);
+    // Messages about the value name its key.
+    const std::string what = fmt::format("key '{}'", key);
+    const auto type = in.read<uint32_t>(what);
     if (!valid_type(type)) {
       fail("{}: key '{}': unknown value type {} at offset {}", label_, key, type, type_at);
     }
-    Value value = read_value(in, static_cast<ValueType>(type), key, label_, 0);
+    Value value = read_value(in, static_cast<ValueType>(type), what, label_, 0);
     if (metadata_index_.count(key) != 0) {
       fail("{}: duplicate metadata key '{}' at offset {}", label_, key, at);
     }
@@ -303,7 +305,7 @@ void File::parse_all() {
 
   if (const Value* a = find("general.alignment")) {
     const auto align = a->as_u64();
-    if (!align || *align == 0 || (*align & (*align - 1)) != 0 || *align > (1u << 20)) {
+    if (!align || *align == 0 || (*align & (*align - 1)) != 0 || *align > kMaxAlignment) {
       fail("{}: key 'general.alignment' must be a power of two up to 1 MiB, got {}", label_,
            a->describe());
     }
@@ -318,27 +320,29 @@ void File::parse_all() {
     if (t.name.size() > kMaxNameBytes) {
       fail("{}: tensor {} at offset {} has a {}-byte name", label_, i, at, t.name.size());
     }
-    const auto n_dims = in.read<uint32_t>(t.name);
+    const std::string what = fmt::format("tensor '{}'", t.name);
+    const auto n_dims = in.read<uint32_t>(what);
     if (n_dims == 0 || n_dims > kMaxDims) {
       fail("{}: tensor '{}' at offset {} has {} dimensions (1 to {} allowed)", label_, t.name, at,
            n_dims, kMaxDims);
     }
     uint64_t elements = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
-      const auto dim = in.read<uint64_t>(t.name);
-      if (dim == 0 || dim > (uint64_t{1} << 40) || elements > (uint64_t{1} << 48) / dim) {
+      const auto dim = in.read<uint64_t>(what);
+      if (dim == 0 || dim > kMaxDim || elements > kMaxElements / dim) {
         fail("{}: tensor '{}' has an invalid dimension {} = {}", label_, t.name, d, dim);
       }
       elements *= dim;
       t.dims.push_back(dim);
     }
-    t.ggml_type = in.read<uint32_t>(t.name);
-    t.offset = in.read<uint64_t>(t.name);
+    t.ggml_type = in.read<uint32_t>(what);
+    t.offset = in.read<uint64_t>(what);
     const auto dtype = dtype_from_ggml(t.ggml_type);
     if (!dtype) {
-      fail("{}: tensor '{}' has type {} ({}), which kvcache does not support (f32, f16, bf16, "
-           "q8_0, q4_0)",
-           label_, t.name, ggml_type_name(t.ggml_type), t.ggml_type);
+      fail(
+          "{}: tensor '{}' has type {} ({}), which kvcache does not support (f32, f16, bf16, "
+          "q8_0, q4_0)",
+          label_, t.name, ggml_type_name(t.ggml_type), t.ggml_type);
     }
     t.dtype = *dtype;
     if (t.dims[0] % block_elements(t.dtype) != 0) {

@@ -19,6 +19,13 @@
 
 namespace kvc::gguf {
 
+// Limits the reader enforces and the writer respects, so that whatever Writer accepts reads back.
+inline constexpr int kMaxArrayDepth = 8;                     // arrays nested inside arrays
+inline constexpr uint32_t kMaxDims = 4;                      // tensor dimensions
+inline constexpr uint64_t kMaxDim = uint64_t{1} << 40;       // elements along one dimension
+inline constexpr uint64_t kMaxElements = uint64_t{1} << 48;  // elements of one tensor
+inline constexpr uint64_t kMaxAlignment = uint64_t{1} << 20;
+
 enum class ValueType : uint32_t {
   kU8 = 0,
   kI8 = 1,
@@ -45,7 +52,9 @@ struct Value {
   std::variant<uint64_t, int64_t, double, bool, std::string, Array> data;
 
   bool is_integer() const;
-  bool is_number() const { return is_integer() || type == ValueType::kF32 || type == ValueType::kF64; }
+  bool is_number() const {
+    return is_integer() || type == ValueType::kF32 || type == ValueType::kF64;
+  }
   // The value as the requested kind; nullopt when the type does not fit or the value is out of
   // range for it.
   std::optional<uint64_t> as_u64() const;
@@ -55,6 +64,9 @@ struct Value {
   const Array* as_array() const { return std::get_if<Array>(&data); }
   // A short human rendering (arrays are summarised) for `kvcache inspect`.
   std::string describe() const;
+
+  // Same type, element type and value (recursively for arrays).
+  bool operator==(const Value&) const = default;
 };
 
 struct TensorInfo {
