@@ -1,0 +1,278 @@
+// The forward pass: the golden run of stories260K, and DESIGN.md's first invariant in its
+// first form: logits are bit-identical whether keys and values come from the cache or are
+// recomputed, whatever the prefill chunking, the batch company and the thread count.
+#include "model/llama_model.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "base/error.h"
+#include "base/kernels.h"
+#include "engine/generator.h"
+#include "model/gguf_writer.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+#include "test_models.h"
+
+namespace kvc::model {
+namespace {
+
+using ::testing::HasSubstr;
+
+// llama2.c's greedy continuation of BOS for stories260K (shared/models/PROVENANCE.md).
+const std::vector<int32_t> kReferenceIds = {
+    403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338,
+    401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385,
+    328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267,
+    337, 335, 312, 432, 398, 312, 286, 267, 414, 270, 333, 415, 426, 13,  438, 310};
+
+const char kReferenceText[] =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+    "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.";
+
+struct Rig {
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<kv::BlockPool> pool;
+  std::unique_ptr<ThreadPool> threads;
+  ForwardScratch scratch;
+
+  Rig(const std::string& path, int n_threads, DType kv_dtype = DType::F32, int block = 16) {
+    model = LlamaModel::load(path);
+    const kv::KvGeometry g = model->config().kv_geometry(kv_dtype, block);
+    pool = std::make_unique<kv::BlockPool>(g, g.bytes_per_block() * 96);
+    threads = std::make_unique<ThreadPool>(n_threads);
+  }
+
+  // Logits of the last token after running tokens through a fresh sequence in one batch:
+  // the no-cache reference, recomputing every key and value.
+  std::vector<float> recompute(std::span<const int32_t> tokens) {
+    kv::BlockTable table(*pool);
+    EXPECT_TRUE(table.reserve(tokens.size()));
+    std::vector<BatchRow> rows;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      rows.push_back({tokens[i], static_cast<int32_t>(i), &table, i + 1 == tokens.size()});
+    }
+    auto logits = model->forward(*threads, *pool, rows, scratch);
+    return {logits.begin(), logits.end()};
+  }
+};
+
+std::vector<int32_t> greedy(Rig& rig, std::vector<int32_t> prompt, int n) {
+  engine::Generator gen(*rig.model, *rig.pool, *rig.threads);
+  engine::GenerationOptions o;
+  o.max_tokens = n;
+  o.sampling.temperature = 0.0f;
+  o.stop_at_eos = false;
+  std::vector<int32_t> out;
+  gen.generate(prompt, o, [&](int32_t t) {
+    out.push_back(t);
+    return true;
+  });
+  return out;
+}
+
+bool same_bits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(LlamaModel, GoldenStories260KGreedyRun) {
+  KVC_REQUIRE_STORIES(path);
+  Rig rig(path, 2);
+  const auto file = gguf::File::open(path);
+  const Tokenizer tok = Tokenizer::from_gguf(*file);
+  const std::vector<int32_t> prompt = tok.encode("Once upon a time", true);
+  ASSERT_EQ(prompt, (std::vector<int32_t>{1, 403, 407, 261, 378}));
+  const std::vector<int32_t> got = greedy(rig, prompt, 48);
+  const std::vector<int32_t> want(kReferenceIds.begin() + 4, kReferenceIds.begin() + 52);
+  EXPECT_EQ(got, want);
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), got.begin(), got.end());
+  EXPECT_EQ(tok.decode(all), std::string(kReferenceText).substr(0, tok.decode(all).size()));
+  EXPECT_THAT(tok.decode(all), HasSubstr("She wanted to play with it"));
+}
+
+// The heart of the first invariant, checked at every decode step.
+void expect_cache_equals_recompute(const std::string& path, DType kv_dtype, int n_threads) {
+  Rig rig(path, n_threads, kv_dtype);
+  std::vector<int32_t> seq = {1, 403, 407, 261, 378};
+  const int n_vocab = rig.model->config().n_vocab;
+  for (int32_t& t : seq) t %= n_vocab;
+  kv::BlockTable table(*rig.pool);
+  ASSERT_TRUE(table.reserve(64));
+  std::vector<BatchRow> rows;
+  for (size_t i = 0; i < seq.size(); ++i) {
+    rows.push_back({seq[i], static_cast<int32_t>(i), &table, i + 1 == seq.size()});
+  }
+  auto cached = rig.model->forward(*rig.threads, *rig.pool, rows, rig.scratch);
+  std::vector<float> logits(cached.begin(), cached.end());
+  for (int step = 0; step < 36; ++step) {
+    ASSERT_TRUE(same_bits(logits, rig.recompute(seq)))
+        << "step " << step << " kv " << dtype_name(kv_dtype) << " threads " << n_threads;
+    seq.push_back(argmax(logits));
+    const BatchRow row{seq.back(), static_cast<int32_t>(seq.size() - 1), &table, true};
+    auto next = rig.model->forward(*rig.threads, *rig.pool, {&row, 1}, rig.scratch);
+    logits.assign(next.begin(), next.end());
+  }
+}
+
+TEST(LlamaModel, CachedDecodeIsBitIdenticalToRecompute) {
+  KVC_REQUIRE_STORIES(path);
+  for (int threads : {1, 2}) {
+    expect_cache_equals_recompute(path, DType::F32, threads);
+    expect_cache_equals_recompute(path, DType::F16, threads);
+  }
+}
+
+TEST(LlamaModel, CachedDecodeIsBitIdenticalOnSyntheticModelsOfEveryDtype) {
+  for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0}) {
+    expect_cache_equals_recompute(testing::synthetic_model_path("tiny", t), DType::F32, 2);
+  }
+}
+
+TEST(LlamaModel, EveryIsaKeepsTheInvariant) {
+  const kernels::Isa saved = kernels::active_isa();
+  const std::string path = testing::synthetic_model_path("tiny", DType::Q8_0);
+  for (kernels::Isa isa : {kernels::Isa::kScalar, kernels::Isa::kAvx2, kernels::Isa::kAvx512}) {
+    if (isa > kernels::best_isa()) continue;
+    kernels::set_isa(isa);
+    expect_cache_equals_recompute(path, DType::F16, 2);
+  }
+  kernels::set_isa(saved);
+}
+
+std::vector<int32_t> long_prompt(int n, int n_vocab) {
+  Rng rng(3);
+  std::vector<int32_t> p = {1};
+  while (static_cast<int>(p.size()) < n)
+    p.push_back(3 + static_cast<int32_t>(rng.next() % (n_vocab - 3)));
+  return p;
+}
+
+TEST(LlamaModel, PrefillChunkSizeAndThreadsDoNotChangeLogits) {
+  std::string path = testing::stories_model_path();
+  if (path.empty()) path = testing::synthetic_model_path("tiny", DType::F32);
+  Rig one(path, 1), two(path, 2);
+  const auto prompt = long_prompt(150, one.model->config().n_vocab);
+  engine::Generator g1(*one.model, *one.pool, *one.threads);
+  engine::Generator g2(*two.model, *two.pool, *two.threads);
+  const std::vector<float> reference = g1.prompt_logits(prompt, 1000);
+  for (int chunk : {1, 7, 64}) {
+    EXPECT_TRUE(same_bits(reference, g1.prompt_logits(prompt, chunk))) << "chunk " << chunk;
+    EXPECT_TRUE(same_bits(reference, g2.prompt_logits(prompt, chunk))) << "2 threads " << chunk;
+  }
+  EXPECT_EQ(one.pool->counts().free, one.pool->num_blocks());  // every table released
+}
+
+// Rows of one sequence batched with rows of others, at other positions, give the same
+// logits as the sequence run alone.
+TEST(LlamaModel, BatchCompanyDoesNotChangeLogits) {
+  std::string path = testing::stories_model_path();
+  if (path.empty()) path = testing::synthetic_model_path("tiny", DType::F32);
+  Rig rig(path, 2);
+  const int n_vocab = rig.model->config().n_vocab;
+  const auto a = long_prompt(40, n_vocab);
+  const std::vector<float> alone = rig.recompute(a);
+
+  kv::BlockTable ta(*rig.pool), tb(*rig.pool), tc(*rig.pool);
+  ASSERT_TRUE(ta.reserve(a.size()) && tb.reserve(100) && tc.reserve(100));
+  const auto b = long_prompt(90, n_vocab);
+  // Warm sequence b with 60 tokens so its rows below sit at later positions.
+  std::vector<BatchRow> warm;
+  for (int i = 0; i < 60; ++i) warm.push_back({b[i], i, &tb, false});
+  rig.model->forward(*rig.threads, *rig.pool, warm, rig.scratch);
+  std::vector<BatchRow> mixed;
+  for (size_t i = 0; i < a.size(); ++i) {
+    mixed.push_back({b[60 + i % 30], static_cast<int32_t>(60 + i % 30), &tb, i % 3 == 0});
+    mixed.push_back({a[i], static_cast<int32_t>(i), &ta, i + 1 == a.size()});
+    if (i < 5) mixed.push_back({7, static_cast<int32_t>(i), &tc, true});
+  }
+  // Drop b's duplicated positions: each (sequence, position) appears once.
+  std::vector<BatchRow> rows;
+  std::vector<bool> seen(200, false);
+  for (const BatchRow& r : mixed) {
+    if (r.table == &tb) {
+      if (seen[r.pos]) continue;
+      seen[r.pos] = true;
+    }
+    rows.push_back(r);
+  }
+  auto logits = rig.model->forward(*rig.threads, *rig.pool, rows, rig.scratch);
+  size_t index = 0, a_index = 0;
+  for (const BatchRow& r : rows) {
+    if (!r.want_logits) continue;
+    if (r.table == &ta) a_index = index;
+    ++index;
+  }
+  EXPECT_TRUE(same_bits(alone, logits.subspan(a_index * n_vocab, n_vocab)));
+}
+
+TEST(LlamaModel, RejectsRowsOutsideTheirBlocksAndBadTokens) {
+  Rig rig(testing::synthetic_model_path("tiny", DType::F32), 1);
+  kv::BlockTable table(*rig.pool);
+  ASSERT_TRUE(table.reserve(16));
+  BatchRow row{1, 16, &table, true};
+  EXPECT_THAT(
+      [&] {
+        rig.model->forward(*rig.threads, *rig.pool, {&row, 1}, rig.scratch);
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("position 16")));
+  row = {100000, 0, &table, true};
+  EXPECT_THAT(
+      [&] {
+        rig.model->forward(*rig.threads, *rig.pool, {&row, 1}, rig.scratch);
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("token id 100000")));
+}
+
+// Copies a model, letting edit drop or reshape tensors and metadata, to make broken files.
+std::string edited_copy(const std::string& src, const std::string& name,
+                        const std::function<bool(gguf::Writer&, const gguf::TensorInfo&)>& keep,
+                        const std::function<void(gguf::Writer&)>& meta = {}) {
+  const auto file = gguf::File::open(src);
+  auto holder = std::shared_ptr<const gguf::File>(file.get(), [](const gguf::File*) {});
+  gguf::Writer w;
+  for (const auto& [key, value] : file->metadata()) w.set(key, value);
+  if (meta) meta(w);
+  for (const auto& t : file->tensors()) {
+    if (!keep(w, t)) continue;
+    const uint8_t* data = t.data;
+    w.add_tensor(t.name, t.dims, t.dtype,
+                 [data](uint8_t* dst, size_t bytes) { std::memcpy(dst, data, bytes); });
+  }
+  const std::string path = (testing::scratch_dir() / name).string();
+  w.write(path);
+  return path;
+}
+
+TEST(LlamaModel, BrokenModelsNameWhatIsWrong) {
+  const std::string tiny = testing::synthetic_model_path("tiny", DType::F32);
+  const auto keep_all = [](gguf::Writer&, const gguf::TensorInfo&) { return true; };
+  const std::string missing = edited_copy(
+      tiny, "missing.gguf",
+      [](gguf::Writer&, const gguf::TensorInfo& t) { return t.name != "blk.1.ffn_up.weight"; });
+  EXPECT_THAT([&] { LlamaModel::load(missing); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("'blk.1.ffn_up.weight' is missing")));
+  const std::string reshaped =
+      edited_copy(tiny, "reshaped.gguf", [](gguf::Writer& w, const gguf::TensorInfo& t) {
+        if (t.name != "blk.0.attn_k.weight") return true;
+        w.add_tensor(t.name, {t.dims[1], t.dims[0]}, t.dtype, [](uint8_t*, size_t) {});
+        return false;
+      });
+  EXPECT_THAT([&] { LlamaModel::load(reshaped); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("'blk.0.attn_k.weight' has shape")));
+  const std::string gpt2 = edited_copy(tiny, "gpt2.gguf", keep_all, [](gguf::Writer& w) {
+    w.set_string("general.architecture", "gpt2");
+  });
+  EXPECT_THAT([&] { LlamaModel::load(gpt2); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("architecture 'gpt2'")));
+  const std::string no_heads = edited_copy(tiny, "noheads.gguf", keep_all, [](gguf::Writer& w) {
+    w.set_u32("llama.attention.head_count", 3);
+  });
+  EXPECT_THAT([&] { LlamaModel::load(no_heads); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("not a multiple")));
+}
+
+}  // namespace
+}  // namespace kvc::model
