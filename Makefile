@@ -1,0 +1,48 @@
+# The README's two commands:
+#   make run   installs dependencies, builds, and runs kvcache on the embedded default model
+#   make test  installs dependencies, builds, and runs every test
+.PHONY: all setup build run test test-asan fuzz bench format clean
+
+JOBS ?= 2
+PRESET ?= release
+BUILD := build/$(PRESET)
+KVCACHE := $(BUILD)/src/cli/kvcache
+TEST_MODEL ?= $(firstword $(wildcard ../shared/models/stories260K.gguf))
+FUZZ_SECONDS ?= 60
+ARGS ?=
+
+all: build
+
+setup:
+	./scripts/setup
+
+build: setup
+	cmake --preset $(PRESET) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	$(KVCACHE) run $(ARGS)
+
+test: build
+	KVCACHE_TEST_MODEL=$(abspath $(TEST_MODEL)) ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+test-asan: setup
+	cmake --preset asan >/dev/null
+	cmake --build build/asan -j $(JOBS)
+	KVCACHE_TEST_MODEL=$(abspath $(TEST_MODEL)) ctest --test-dir build/asan --output-on-failure -j $(JOBS)
+
+fuzz: setup
+	cmake --preset fuzz >/dev/null
+	cmake --build build/fuzz -j $(JOBS)
+	mkdir -p build/fuzz/corpus
+	build/fuzz/fuzz/gguf_fuzz_seeds build/fuzz/corpus
+	build/fuzz/fuzz/gguf_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build/fuzz/corpus
+
+bench: build
+	$(KVCACHE) bench $(ARGS)
+
+format:
+	clang-format -i $$(git ls-files '*.cc' '*.h')
+
+clean:
+	rm -rf build
