@@ -71,14 +71,17 @@ void ThreadPool::run(const std::function<void(int)>& fn) {
   }
 }
 
-void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn) {
-  const size_t parts = static_cast<size_t>(n_threads_);
+void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn,
+                              size_t grain) {
+  // Waking a thread costs microseconds, so small jobs stay on fewer threads.
+  const size_t parts = std::clamp<size_t>(n / std::max<size_t>(grain, 1), 1, n_threads_);
   if (parts == 1 || n <= 1) {
     if (n > 0) fn(0, n);
     return;
   }
   run([&](int index) {
     const size_t i = static_cast<size_t>(index);
+    if (i >= parts) return;
     const size_t begin = n * i / parts;
     const size_t end = n * (i + 1) / parts;
     if (begin < end) fn(begin, end);

@@ -22,9 +22,10 @@ class ThreadPool {
   // Runs fn(thread_index) once on every thread (the caller is index 0); returns when all finish.
   void run(const std::function<void(int)>& fn);
 
-  // Splits [0, n) into size() contiguous ranges and runs fn(begin, end) on each, in parallel.
-  // The split depends only on n and size(), never on timing.
-  void parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn);
+  // Splits [0, n) into contiguous ranges of at least grain items (at most size() ranges) and
+  // runs fn(begin, end) on each, in parallel; one range runs inline on the caller. The split
+  // depends only on n, grain and size(), never on timing.
+  void parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn, size_t grain = 1);
 
  private:
   void worker_loop(int index);

@@ -105,46 +105,53 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const bool f16 = g.dtype == DType::F16;
   const size_t tasks = rows.size() * c.n_heads;
-  threads.parallel_for(tasks, [&](size_t begin, size_t end) {
-    std::vector<float> scores;
-    for (size_t task = begin; task < end; ++task) {
-      const size_t r = task / c.n_heads;
-      const int h = static_cast<int>(task % c.n_heads);
-      const int kvh = h / group;
-      const BatchRow& row = rows[r];
-      const float* q = s.q.data() + r * c.q_dim() + static_cast<size_t>(h) * hd;
-      float* out = s.attn.data() + r * c.q_dim() + static_cast<size_t>(h) * hd;
-      const size_t n_pos = static_cast<size_t>(row.pos) + 1;
-      scores.resize(n_pos);
-      // Scores in position order; the softmax and the weighted sum below keep that order.
-      for (size_t t = 0; t < n_pos; ++t) {
-        const uint8_t* block = pool.data(row.table->block_of(t));
-        const uint8_t* key = block + g.offset(layer, 0, kvh, row.table->slot_of(t));
-        scores[t] = (f16 ? kernels::dot_f16_f32(reinterpret_cast<const uint16_t*>(key), q, hd)
-                         : kernels::dot_f32(reinterpret_cast<const float*>(key), q, hd)) *
-                    scale;
-      }
-      float max = scores[0];
-      for (size_t t = 1; t < n_pos; ++t) max = std::max(max, scores[t]);
-      float sum = 0.0f;
-      for (size_t t = 0; t < n_pos; ++t) {
-        scores[t] = std::exp(scores[t] - max);
-        sum += scores[t];
-      }
-      std::fill(out, out + hd, 0.0f);
-      for (size_t t = 0; t < n_pos; ++t) {
-        const uint8_t* block = pool.data(row.table->block_of(t));
-        const uint8_t* value = block + g.offset(layer, 1, kvh, row.table->slot_of(t));
-        if (f16) {
-          kernels::axpy_f16(scores[t], reinterpret_cast<const uint16_t*>(value), out, hd);
-        } else {
-          kernels::axpy_f32(scores[t], reinterpret_cast<const float*>(value), out, hd);
+  size_t max_pos = 0;
+  for (const BatchRow& row : rows) max_pos = std::max<size_t>(max_pos, row.pos);
+  // Each task reads up to (max_pos + 1) keys and values of head_dim each.
+  const size_t grain = std::max<size_t>(1, 8192 / ((max_pos + 1) * hd));
+  threads.parallel_for(
+      tasks,
+      [&](size_t begin, size_t end) {
+        std::vector<float> scores;
+        for (size_t task = begin; task < end; ++task) {
+          const size_t r = task / c.n_heads;
+          const int h = static_cast<int>(task % c.n_heads);
+          const int kvh = h / group;
+          const BatchRow& row = rows[r];
+          const float* q = s.q.data() + r * c.q_dim() + static_cast<size_t>(h) * hd;
+          float* out = s.attn.data() + r * c.q_dim() + static_cast<size_t>(h) * hd;
+          const size_t n_pos = static_cast<size_t>(row.pos) + 1;
+          scores.resize(n_pos);
+          // Scores in position order; the softmax and the weighted sum below keep that order.
+          for (size_t t = 0; t < n_pos; ++t) {
+            const uint8_t* block = pool.data(row.table->block_of(t));
+            const uint8_t* key = block + g.offset(layer, 0, kvh, row.table->slot_of(t));
+            scores[t] = (f16 ? kernels::dot_f16_f32(reinterpret_cast<const uint16_t*>(key), q, hd)
+                             : kernels::dot_f32(reinterpret_cast<const float*>(key), q, hd)) *
+                        scale;
+          }
+          float max = scores[0];
+          for (size_t t = 1; t < n_pos; ++t) max = std::max(max, scores[t]);
+          float sum = 0.0f;
+          for (size_t t = 0; t < n_pos; ++t) {
+            scores[t] = std::exp(scores[t] - max);
+            sum += scores[t];
+          }
+          std::fill(out, out + hd, 0.0f);
+          for (size_t t = 0; t < n_pos; ++t) {
+            const uint8_t* block = pool.data(row.table->block_of(t));
+            const uint8_t* value = block + g.offset(layer, 1, kvh, row.table->slot_of(t));
+            if (f16) {
+              kernels::axpy_f16(scores[t], reinterpret_cast<const uint16_t*>(value), out, hd);
+            } else {
+              kernels::axpy_f32(scores[t], reinterpret_cast<const float*>(value), out, hd);
+            }
+          }
+          const float inv = 1.0f / sum;
+          for (int i = 0; i < hd; ++i) out[i] *= inv;
         }
-      }
-      const float inv = 1.0f / sum;
-      for (int i = 0; i < hd; ++i) out[i] *= inv;
-    }
-  });
+      },
+      grain);
 }
 
 std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& pool,
@@ -196,13 +203,17 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
     }
   }
 
+  const size_t elementwise_grain = std::max<size_t>(1, (1 << 14) / d);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
-    threads.parallel_for(n, [&](size_t b, size_t e) {
-      for (size_t r = b; r < e; ++r) {
-        rms_norm(&s.x[r * d], w.attn_norm.data(), &s.xb[r * d], d, c.rms_eps);
-      }
-    });
+    threads.parallel_for(
+        n,
+        [&](size_t b, size_t e) {
+          for (size_t r = b; r < e; ++r) {
+            rms_norm(&s.x[r * d], w.attn_norm.data(), &s.xb[r * d], d, c.rms_eps);
+          }
+        },
+        elementwise_grain);
     matmul(threads, w.wq, s.xb.data(), n, s.q.data(), s.activations);
     matmul(threads, w.wk, s.xb.data(), n, s.k.data(), s.activations);
     matmul(threads, w.wv, s.xb.data(), n, s.v.data(), s.activations);
@@ -223,19 +234,25 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
     attention(threads, pool, rows, l, s);
     matmul(threads, w.wo, s.attn.data(), n, s.xb.data(), s.activations);
     for (size_t i = 0; i < n * d; ++i) s.x[i] += s.xb[i];
-    threads.parallel_for(n, [&](size_t b, size_t e) {
-      for (size_t r = b; r < e; ++r) {
-        rms_norm(&s.x[r * d], w.ffn_norm.data(), &s.xb[r * d], d, c.rms_eps);
-      }
-    });
+    threads.parallel_for(
+        n,
+        [&](size_t b, size_t e) {
+          for (size_t r = b; r < e; ++r) {
+            rms_norm(&s.x[r * d], w.ffn_norm.data(), &s.xb[r * d], d, c.rms_eps);
+          }
+        },
+        elementwise_grain);
     matmul(threads, w.w_gate, s.xb.data(), n, s.gate.data(), s.activations);
     matmul(threads, w.w_up, s.xb.data(), n, s.up.data(), s.activations);
-    threads.parallel_for(n * c.n_ff, [&](size_t b, size_t e) {
-      for (size_t i = b; i < e; ++i) {
-        const float gv = s.gate[i];
-        s.gate[i] = gv / (1.0f + std::exp(-gv)) * s.up[i];
-      }
-    });
+    threads.parallel_for(
+        n * c.n_ff,
+        [&](size_t b, size_t e) {
+          for (size_t i = b; i < e; ++i) {
+            const float gv = s.gate[i];
+            s.gate[i] = gv / (1.0f + std::exp(-gv)) * s.up[i];
+          }
+        },
+        1 << 14);
     matmul(threads, w.w_down, s.gate.data(), n, s.xb.data(), s.activations);
     for (size_t i = 0; i < n * d; ++i) s.x[i] += s.xb[i];
   }

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <vector>
 
@@ -20,6 +21,23 @@ TEST(ThreadPool, ParallelForCoversEveryIndexOnce) {
       });
       for (size_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 1) << threads << " " << n;
     }
+  }
+}
+
+TEST(ThreadPool, GrainLimitsTheNumberOfRanges) {
+  ThreadPool pool(4);
+  for (size_t grain : {1u, 3u, 10u, 100u}) {
+    std::vector<std::atomic<int>> hits(25);
+    std::atomic<int> ranges{0};
+    pool.parallel_for(
+        hits.size(),
+        [&](size_t b, size_t e) {
+          ++ranges;
+          for (size_t i = b; i < e; ++i) hits[i]++;
+        },
+        grain);
+    for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+    EXPECT_EQ(ranges.load(), static_cast<int>(std::clamp<size_t>(25 / grain, 1, 4))) << grain;
   }
 }
 
