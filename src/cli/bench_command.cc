@@ -24,7 +24,13 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--prompt-tokens", o->prompt_tokens, "Prompt length for prefill")
       ->capture_default_str();
   cmd->add_option("--decode-tokens", o->decode_tokens, "Tokens to decode")->capture_default_str();
-  cmd->callback([o, dtypes] {
+  auto bandwidth_mib = std::make_shared<size_t>(o->bandwidth_bytes >> 20);
+  cmd->add_option("--bandwidth-mib", *bandwidth_mib,
+                  "Array size for the bandwidth measurement (well above the L3 cache)")
+      ->capture_default_str();
+  cmd->callback([o, dtypes, bandwidth_mib] {
+    if (*bandwidth_mib < 1) fail("--bandwidth-mib must be at least 1");
+    o->bandwidth_bytes = *bandwidth_mib << 20;
     o->dtypes.clear();
     for (const auto& name : *dtypes) {
       const auto t = parse_dtype(name);

@@ -1,4 +1,5 @@
 // The `kvcache` program: one binary, one subcommand per job.
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
@@ -11,6 +12,8 @@ int main(int argc, char** argv) {
   CLI::App app{"kvcache: a KV-cache-centred engine for Llama-family language models"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "kvcache 0.1.0");
+  // stdout carries the program's output (generated text, tables); logs go to stderr.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("kvcache"));
   spdlog::set_pattern("[%H:%M:%S.%e] %^%l%$ %v");
   kvc::cli::add_run_command(app);
   kvc::cli::add_inspect_command(app);

@@ -40,9 +40,9 @@ std::function<void(uint64_t, uint64_t)> progress_bar(const std::string& label) {
     const int filled = static_cast<int>(f * kWidth);
     std::string bar(filled, '#');
     bar.resize(kWidth, ' ');
-    std::fprintf(stderr, "\r%s [%s] %3d%%  %s / %s%s", label.c_str(), bar.c_str(),
+    std::fprintf(stderr, "%s%s [%s] %3d%%  %s / %s%s", tty ? "\r" : "", label.c_str(), bar.c_str(),
                  static_cast<int>(f * 100), format_bytes(done).c_str(), format_bytes(total).c_str(),
-                 done >= total ? "\n" : "");
+                 (done >= total || !tty) ? "\n" : "");
     std::fflush(stderr);
   };
 }

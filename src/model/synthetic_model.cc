@@ -51,16 +51,20 @@ SyntheticVocab make_synthetic_vocab(int n_vocab, uint64_t seed) {
   std::unordered_set<std::string> seen(normal.begin(), normal.end());
   Rng rng(seed ^ 0x766f636162ull);
   const size_t target = static_cast<size_t>(n_vocab) - v.tokens.size();
-  // Word-like pieces: a left piece (often a space-led word start) plus a short right piece
-  // that does not begin with a space. Early pieces are short and common, as in real vocabs.
+  // Word-like pieces: a left piece (mostly a space-led word start, as most of a real
+  // vocabulary is) plus a short right piece that does not begin with a space. Early pieces
+  // are short and common, as in real vocabularies.
+  std::vector<size_t> word_starts = {0};
+  std::vector<size_t> inner;
+  for (size_t i = 1; i < normal.size(); ++i) inner.push_back(i);
+  const auto pick = [&](const std::vector<size_t>& from) {
+    return from[static_cast<size_t>(rng.uniform() * rng.uniform() * from.size())];
+  };
   while (normal.size() < target) {
-    const size_t n = normal.size();
-    const size_t li = static_cast<size_t>(rng.uniform() * rng.uniform() * n);
-    const size_t ri = 1 + static_cast<size_t>(rng.uniform() * rng.uniform() * (n - 1));
-    const std::string& right = normal[ri];
-    if (right.rfind(space, 0) == 0) continue;
-    std::string piece = normal[li] + right;
+    const bool word = rng.uniform() < 0.7;
+    std::string piece = normal[pick(word ? word_starts : inner)] + normal[pick(inner)];
     if (piece.size() > 16 || !seen.insert(piece).second) continue;
+    (word ? word_starts : inner).push_back(normal.size());
     normal.push_back(std::move(piece));
   }
   normal.resize(target);
