@@ -22,7 +22,9 @@ uint64_t narrow(Wide value, std::string_view what) {
   return static_cast<uint64_t>(value);
 }
 
-uint64_t ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+uint64_t ceil_div(uint64_t a, uint64_t b) {
+  return a / b + (a % b != 0);
+}
 
 uint64_t row_bytes_rounded(DType dtype, int elements) {
   const auto per_block = static_cast<uint64_t>(block_elements(dtype));
@@ -44,13 +46,20 @@ class Costing {
       }
       if (layer.window > 0) max_window_ = std::max(max_window_, layer.window);
     }
+    blocked_ = max_window_ == 0;
     if (pool_) {
-      // The pool's own formula is the one that counts; the per-layer sum must agree with it.
+      // The pool's own formula is the one that counts (the per-layer sum equals it here).
       bytes_per_token_ = pool_->bytes_per_token();
     }
   }
 
   const std::optional<KvGeometry>& pool() const { return pool_; }
+  // Without windows every layer holds the same blocks, so a request is a count of
+  // bytes_per_block() blocks, as in the pool.
+  bool blocked() const { return blocked_; }
+  uint64_t blocks(uint64_t context) const {
+    return pool_ ? pool_->blocks_for_tokens(context) : ceil_div(context, block_tokens_);
+  }
   uint64_t bytes_per_token() const { return bytes_per_token_; }
   uint64_t bytes_per_block() const {
     return pool_ ? pool_->bytes_per_block() : bytes_per_token_ * block_tokens_;
@@ -70,7 +79,7 @@ class Costing {
   }
 
   Wide allocated(uint64_t context) const {
-    if (pool_) return Wide{pool_->blocks_for_tokens(context)} * pool_->bytes_per_block();
+    if (blocked_) return Wide{blocks(context)} * bytes_per_block();
     const uint64_t blocks = ceil_div(context, block_tokens_);
     Wide sum = 0;
     for (size_t i = 0; i < token_bytes_.size(); ++i) {
@@ -87,9 +96,7 @@ class Costing {
   // Largest context that n requests can each reach within kv_budget bytes; nullopt when every
   // layer is windowed and n requests fit even at unbounded length.
   std::optional<uint64_t> max_context(uint64_t n, uint64_t kv_budget) const {
-    if (pool_) {
-      return kv_budget / pool_->bytes_per_block() / n * static_cast<uint64_t>(pool_->block_tokens);
-    }
+    if (blocked_) return kv_budget / bytes_per_block() / n * block_tokens_;
     const auto fits = [&](uint64_t context) { return allocated(context) * n <= kv_budget; };
     uint64_t hi = 0;
     if (has_full_layer()) {
@@ -114,6 +121,7 @@ class Costing {
   uint64_t bytes_per_token_ = 0;
   uint64_t min_full_token_bytes_ = std::numeric_limits<uint64_t>::max();
   uint64_t max_window_ = 0;
+  bool blocked_ = true;
 };
 
 }  // namespace
@@ -149,8 +157,8 @@ std::optional<KvGeometry> AttentionGeometry::pool_geometry(DType dtype, int bloc
       return std::nullopt;
     }
   }
-  return KvGeometry{static_cast<int>(layers.size()), first.kv_heads, first.k_head_dim,
-                    block_tokens, dtype};
+  return KvGeometry{static_cast<int>(layers.size()), first.kv_heads, first.k_head_dim, block_tokens,
+                    dtype};
 }
 
 bool AttentionGeometry::is_mla() const {
@@ -167,16 +175,16 @@ void AttentionGeometry::validate() const {
   for (size_t i = 0; i < layers.size(); ++i) {
     const AttentionLayer& l = layers[i];
     if (l.kv_heads < 0 || l.k_head_dim < 0 || l.v_head_dim < 0 || l.latent_dim < 0) {
-      fail("attention geometry: layer {} has a negative dimension (KV heads {}, K head {}, "
-           "V head {}, latent {})",
-           i, l.kv_heads, l.k_head_dim, l.v_head_dim, l.latent_dim);
+      fail(
+          "attention geometry: layer {} has a negative dimension (KV heads {}, K head {}, "
+          "V head {}, latent {})",
+          i, l.kv_heads, l.k_head_dim, l.v_head_dim, l.latent_dim);
     }
     if (l.kv_heads > 0 && l.latent_dim > 0) {
       fail("attention geometry: layer {} has both KV heads and an MLA latent", i);
     }
     if (l.kv_heads > 0 && (l.k_head_dim == 0 || l.v_head_dim == 0)) {
-      fail("attention geometry: layer {} has {} KV heads but a zero head dimension", i,
-           l.kv_heads);
+      fail("attention geometry: layer {} has {} KV heads but a zero head dimension", i, l.kv_heads);
     }
     any_cache = any_cache || l.kv_heads > 0 || l.latent_dim > 0;
   }
@@ -215,10 +223,10 @@ MemoryPlan plan_memory(const AttentionGeometry& geometry, const PlanOptions& opt
   if (options.budget_bytes) {
     const uint64_t budget = *options.budget_bytes;
     if (options.budget_includes_weights && budget < options.weights_bytes) {
-      fail("budget of {} ({} B) is smaller than the weights, {} ({} B): nothing is left for the "
-           "KV cache; raise the budget, or exclude the weights if they live elsewhere",
-           format_bytes(budget), budget, format_bytes(options.weights_bytes),
-           options.weights_bytes);
+      fail(
+          "budget of {} B ({}) is smaller than the weights, {} B ({}): nothing is left for the "
+          "KV cache; raise the budget, or exclude the weights if they live elsewhere",
+          budget, format_bytes(budget), options.weights_bytes, format_bytes(options.weights_bytes));
     }
     const uint64_t kv = options.budget_includes_weights ? budget - options.weights_bytes : budget;
     plan.kv_budget_bytes = kv;
@@ -234,10 +242,10 @@ MemoryPlan plan_memory(const AttentionGeometry& geometry, const PlanOptions& opt
     r.exact_bytes = narrow(cost.exact(context), what);
     r.allocated_bytes = narrow(cost.allocated(context), what);
     r.waste_bytes = r.allocated_bytes - r.exact_bytes;
-    if (cost.pool()) r.blocks = cost.pool()->blocks_for_tokens(context);
+    if (cost.blocked()) r.blocks = cost.blocks(context);
     if (plan.kv_budget_bytes) {
-      r.max_concurrency = r.blocks ? *plan.pool_blocks / *r.blocks
-                                   : *plan.kv_budget_bytes / r.allocated_bytes;
+      r.max_concurrency =
+          r.blocks ? *plan.pool_blocks / *r.blocks : *plan.kv_budget_bytes / r.allocated_bytes;
     }
     for (uint64_t n : options.concurrencies) {
       CellFigures cell;
@@ -295,8 +303,7 @@ std::string startup_summary(const KvGeometry& geometry, size_t pool_bytes, size_
     const RequestFigures& r = plan.requests.front();
     out += fmt::format(
         "\nKV cache: a {}-token request takes {} blocks = {} B ({}); {} such requests fit at once",
-        context, *r.blocks, r.allocated_bytes, format_bytes(r.allocated_bytes),
-        *r.max_concurrency);
+        context, *r.blocks, r.allocated_bytes, format_bytes(r.allocated_bytes), *r.max_concurrency);
   }
   return out;
 }

@@ -21,11 +21,11 @@ namespace kvc::kv {
 
 // One layer's per-token KV storage: K/V heads, or one MLA latent.
 struct AttentionLayer {
-  int kv_heads = 0;      // K/V heads; 0 for an MLA layer or a layer without a KV cache
-  int k_head_dim = 0;    // elements of one key head
-  int v_head_dim = 0;    // elements of one value head
-  int latent_dim = 0;    // MLA: elements of the compressed latent, stored once (no K/V pair)
-  uint64_t window = 0;   // sliding window in tokens; 0 means full attention
+  int kv_heads = 0;     // K/V heads; 0 for an MLA layer or a layer without a KV cache
+  int k_head_dim = 0;   // elements of one key head
+  int v_head_dim = 0;   // elements of one value head
+  int latent_dim = 0;   // MLA: elements of the compressed latent, stored once (no K/V pair)
+  uint64_t window = 0;  // sliding window in tokens; 0 means full attention
 };
 
 // A model's attention, layer by layer.
@@ -65,10 +65,10 @@ struct PlanOptions {
 // One context length, for one request.
 struct RequestFigures {
   uint64_t context = 0;
-  uint64_t exact_bytes = 0;      // the tokens' K/V themselves (windowed layers capped)
-  uint64_t allocated_bytes = 0;  // what the request holds in whole blocks
-  uint64_t waste_bytes = 0;      // allocated_bytes - exact_bytes
-  std::optional<uint64_t> blocks;           // pool blocks, when the pool stores the model
+  uint64_t exact_bytes = 0;                 // the tokens' K/V themselves (windowed layers capped)
+  uint64_t allocated_bytes = 0;             // what the request holds in whole blocks
+  uint64_t waste_bytes = 0;                 // allocated_bytes - exact_bytes
+  std::optional<uint64_t> blocks;           // whole blocks, unless layers hold different counts
   std::optional<uint64_t> max_concurrency;  // requests of this context the budget holds
 };
 
@@ -90,7 +90,7 @@ struct ConcurrencyFigures {
 struct MemoryPlan {
   DType kv_dtype = DType::F16;
   int block_tokens = 16;
-  bool pool_layout = false;  // figures come from KvGeometry, as the block pool allocates
+  bool pool_layout = false;      // figures come from KvGeometry, as the block pool allocates
   uint64_t bytes_per_token = 0;  // one token, every layer, before any window cap
   uint64_t bytes_per_block = 0;  // block_tokens tokens
   uint64_t weights_bytes = 0;
@@ -100,9 +100,9 @@ struct MemoryPlan {
   std::optional<uint64_t> pool_blocks;      // whole blocks in kv_budget_bytes
   std::optional<uint64_t> pool_bytes;       // pool_blocks * bytes_per_block
   std::optional<uint64_t> pool_tokens;      // pool_blocks * block_tokens
-  std::vector<RequestFigures> requests;       // one per context
-  std::vector<CellFigures> cells;             // context-major, one per (context, concurrency)
-  std::vector<ConcurrencyFigures> limits;     // one per concurrency
+  std::vector<RequestFigures> requests;     // one per context
+  std::vector<CellFigures> cells;           // context-major, one per (context, concurrency)
+  std::vector<ConcurrencyFigures> limits;   // one per concurrency
 };
 
 // Every figure of the plan; throws Error on an invalid geometry or option, or a budget smaller

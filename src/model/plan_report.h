@@ -1,0 +1,62 @@
+// `kvcache plan` apart from its command line: checks the arguments, builds the memory plan for
+// a model, and renders it as a table, as JSON (every byte figure a plain integer) or as SVG.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/dtype.h"
+#include "kv/memory_plan.h"
+#include "model/model_geometry.h"
+
+namespace kvc::model {
+
+// The arguments of `kvcache plan` as typed; make_plan checks each and names the bad one.
+struct PlanArgs {
+  std::string model_path;                  // --model FILE.gguf
+  std::string config_path;                 // --config config.json
+  std::string preset;                      // --preset NAME
+  std::vector<std::string> contexts;       // --context: each "N" or "N,N,..."
+  std::vector<std::string> concurrencies;  // --concurrency: as contexts; none means 1
+  std::string kv_dtype = "f16";            // --kv-dtype
+  std::string block_tokens = "16";         // --block-tokens
+  std::string budget;                      // --budget: a size; empty for none
+  std::string weights = "included";        // --weights: included or excluded from the budget
+  std::string weights_dtype;               // --weights-dtype: empty for the source's own
+  bool json = false;                       // --json
+  std::string plot_path;                   // --plot FILE.svg; empty for none
+};
+
+struct Plan {
+  ModelGeometry model;
+  kv::PlanOptions options;
+  kv::MemoryPlan figures;
+};
+
+// Bytes from "24GiB", "512MiB", "80GB", "1.5 TB" or "1048576": KiB/MiB/GiB/TiB (and bare
+// K/M/G/T) are powers of 1024, KB/MB/GB/TB powers of 1000, case-insensitive; a fraction is
+// rounded down to whole bytes. Throws Error naming `what` unless the result is positive.
+uint64_t parse_size(std::string_view text, std::string_view what);
+// A positive count, "8192" or "8k" (k = 1024); throws Error naming `what` otherwise.
+uint64_t parse_count(std::string_view text, std::string_view what);
+// Every comma-separated count in every item.
+std::vector<uint64_t> parse_count_list(const std::vector<std::string>& items,
+                                       std::string_view what);
+// A KV dtype name: f32, f16/fp16, bf16, q8_0/int8, q4_0/int4.
+DType parse_kv_dtype(std::string_view name);
+
+// Reads the one model source and computes every figure; throws Error on any bad argument.
+Plan make_plan(const PlanArgs& args);
+
+std::string render_table(const Plan& plan);
+std::string render_json(const Plan& plan);
+// Memory against context length, one polyline per concurrency, the budget as a line.
+std::string render_svg(const Plan& plan);
+
+// The whole command: the table (or JSON with args.json) to out, the SVG to args.plot_path.
+void run_plan(const PlanArgs& args, std::ostream& out);
+
+}  // namespace kvc::model
