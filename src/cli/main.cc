@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "cli/commands.h"
+#include "cli/plan_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kvcache: a KV-cache-centred engine for Llama-family language models"};
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
   kvc::cli::add_inspect_command(app);
   kvc::cli::add_make_model_command(app);
   kvc::cli::add_bench_command(app);
+  kvc::cli::add_plan_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

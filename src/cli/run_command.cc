@@ -99,7 +99,10 @@ void run(const RunArgs& a) {
       path, config.name, config.n_layers, config.n_heads, config.n_kv_heads, config.n_embd,
       config.n_vocab, config.context_length, dtype_name(model->weight_dtype()),
       format_bytes(model->weight_bytes()));
-  spdlog::info("{}", kv::startup_summary(geometry, pool.arena_bytes(), config.context_length));
+  // The same figures `kvcache plan` prints, from the same code.
+  std::istringstream summary(
+      kv::startup_summary(geometry, pool.arena_bytes(), config.context_length));
+  for (std::string line; std::getline(summary, line);) spdlog::info("{}", line);
   spdlog::info("{} threads, {} kernels", threads, kernels::isa_name(kernels::active_isa()));
 
   engine::GenerationOptions options;

@@ -1,5 +1,7 @@
 #include "kv/block_pool.h"
 
+#include <cstring>
+
 #include "base/error.h"
 
 namespace kvc::kv {
@@ -30,6 +32,7 @@ size_t BlockPool::check(BlockId id) const {
 }
 
 std::optional<BlockId> BlockPool::allocate() {
+  if (free_list_.empty() && !(evictor_ && evictor_())) return std::nullopt;
   if (free_list_.empty()) return std::nullopt;
   const BlockId id = free_list_.back();
   free_list_.pop_back();
@@ -76,6 +79,24 @@ void BlockPool::free_cached(BlockId id) {
   cacheable_[i] = 0;
   --cached_;
   free_list_.push_back(id);
+}
+
+void BlockPool::copy_tokens(BlockId src, BlockId dst, int n_tokens) {
+  if (n_tokens < 0 || n_tokens > geometry_.block_tokens) {
+    fail("copy_tokens: {} tokens do not fit a {}-token block", n_tokens, geometry_.block_tokens);
+  }
+  const uint8_t* from = data(src);
+  uint8_t* to = data(dst);
+  const size_t head_row = row_bytes(geometry_.dtype, geometry_.head_dim);
+  // One contiguous run of n_tokens rows per (layer, K|V, kv head) segment.
+  for (int l = 0; l < geometry_.n_layers; ++l) {
+    for (int kind = 0; kind < 2; ++kind) {
+      for (int h = 0; h < geometry_.n_kv_heads; ++h) {
+        const size_t at = geometry_.offset(l, kind, h, 0);
+        std::memcpy(to + at, from + at, head_row * n_tokens);
+      }
+    }
+  }
 }
 
 PoolCounts BlockPool::counts() const {

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -37,8 +38,13 @@ class BlockPool {
   // Bytes actually allocated for blocks (num_blocks * bytes_per_block).
   size_t arena_bytes() const { return arena_.size(); }
 
-  // Takes a free block with reference count 1, or nullopt when none is free.
+  // Takes a free block with reference count 1. When none is free it asks the evictor (if
+  // set) to free a cached block, so eviction happens only when allocation needs it; nullopt
+  // when nothing can be freed.
   std::optional<BlockId> allocate();
+  // The evictor frees one cached block (via free_cached) and returns true, or returns false
+  // when no cached block can be evicted.
+  void set_evictor(std::function<bool()> evictor) { evictor_ = std::move(evictor); }
   // Adds a reference to a referenced or cached block (a cached block becomes referenced).
   void retain(BlockId id);
   // Drops a reference; at zero the block becomes cached if marked cacheable, else free.
@@ -49,6 +55,9 @@ class BlockPool {
   void free_cached(BlockId id);
 
   BlockState state(BlockId id) const { return states_.at(check(id)); }
+  bool cacheable(BlockId id) const { return cacheable_.at(check(id)) != 0; }
+  // Copies the keys and values of the first n_tokens token slots of src into dst.
+  void copy_tokens(BlockId src, BlockId dst, int n_tokens);
   uint32_t ref_count(BlockId id) const { return refs_.at(check(id)); }
   uint8_t* data(BlockId id) { return arena_.data() + check(id) * geometry_.bytes_per_block(); }
   const uint8_t* data(BlockId id) const {
@@ -66,6 +75,7 @@ class BlockPool {
   std::vector<uint32_t> refs_;
   std::vector<uint8_t> cacheable_;
   std::vector<BlockId> free_list_;
+  std::function<bool()> evictor_;
   size_t referenced_ = 0;
   size_t cached_ = 0;
 };

@@ -36,6 +36,30 @@ bool BlockTable::reserve(size_t n_tokens) {
   return true;
 }
 
+void BlockTable::append_shared(BlockId id) {
+  pool_->retain(id);
+  blocks_.push_back(id);
+}
+
+BlockTable BlockTable::fork() const {
+  BlockTable copy(*pool_);
+  for (BlockId id : blocks_) copy.append_shared(id);
+  return copy;
+}
+
+bool BlockTable::ensure_writable(size_t pos) {
+  const size_t index = pos / block_tokens();
+  if (index >= blocks_.size()) return true;
+  const BlockId old = blocks_[index];
+  if (pool_->ref_count(old) == 1 && !pool_->cacheable(old)) return true;
+  const auto fresh = pool_->allocate();
+  if (!fresh) return false;
+  pool_->copy_tokens(old, *fresh, slot_of(pos));
+  blocks_[index] = *fresh;
+  pool_->release(old);
+  return true;
+}
+
 void BlockTable::clear() {
   for (BlockId id : blocks_) pool_->release(id);
   blocks_.clear();

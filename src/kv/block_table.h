@@ -23,6 +23,16 @@ class BlockTable {
   bool reserve(size_t n_tokens);
   // Drops every block reference; the table becomes empty.
   void clear();
+  // Appends a block another holder has (a cache hit), taking a reference to it.
+  void append_shared(BlockId id);
+  // Appends a block this table already holds the one reference to (fresh from allocate()).
+  void append_owned(BlockId id) { blocks_.push_back(id); }
+  // A second table sharing every block of this one (n > 1 samples from one prompt).
+  BlockTable fork() const;
+  // Makes the block holding position pos private before a write: a block that is shared or
+  // indexed by the prefix cache is copied (its first pos % block_tokens slots) into a fresh
+  // block. Returns false when no block can be allocated for the copy.
+  bool ensure_writable(size_t pos);
 
   size_t capacity_tokens() const { return blocks_.size() * block_tokens(); }
   int block_tokens() const { return pool_->geometry().block_tokens; }

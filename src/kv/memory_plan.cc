@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "base/byte_size.h"
 #include "base/error.h"
 
 namespace kvc::kv {
@@ -267,19 +268,6 @@ MemoryPlan plan_memory(const AttentionGeometry& geometry, const PlanOptions& opt
     plan.limits.push_back(limit);
   }
   return plan;
-}
-
-std::string format_bytes(uint64_t bytes) {
-  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  if (bytes < 1024) return fmt::format("{} B", bytes);
-  double value = static_cast<double>(bytes) / 1024;
-  size_t unit = 0;
-  // Round first so that 1023.96 KiB reads "1.0 MiB" rather than "1024.0 KiB".
-  while (value >= 1023.95 && unit + 1 < std::size(kUnits)) {
-    value /= 1024;
-    ++unit;
-  }
-  return fmt::format("{:.1f} {}", value, kUnits[unit]);
 }
 
 std::string startup_summary(const KvGeometry& geometry, size_t pool_bytes, size_t context) {

@@ -109,9 +109,6 @@ struct MemoryPlan {
 // than the weights it must hold (naming both).
 MemoryPlan plan_memory(const AttentionGeometry& geometry, const PlanOptions& options);
 
-// "512 B", "128.0 KiB", "16.0 GiB": binary units, one decimal.
-std::string format_bytes(uint64_t bytes);
-
 // The lines the engine logs at start-up for a pool given pool_bytes of memory (the pool keeps
 // the whole blocks that fit, so its arena_bytes() gives the same lines), plus, when context is
 // not 0, what one request of that many tokens takes and how many fit. Computed by

@@ -12,6 +12,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "base/byte_size.h"
 #include "base/error.h"
 
 namespace kvc::model {
@@ -33,33 +34,10 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-std::optional<uint64_t> unit_multiplier(const std::string& unit) {
-  static const std::pair<const char*, uint64_t> kUnits[] = {
-      {"", 1},
-      {"b", 1},
-      {"k", 1ull << 10},
-      {"kib", 1ull << 10},
-      {"kb", 1000},
-      {"m", 1ull << 20},
-      {"mib", 1ull << 20},
-      {"mb", 1000000},
-      {"g", 1ull << 30},
-      {"gib", 1ull << 30},
-      {"gb", 1000000000},
-      {"t", 1ull << 40},
-      {"tib", 1ull << 40},
-      {"tb", 1000000000000},
-  };
-  for (const auto& [name, mult] : kUnits) {
-    if (unit == name) return mult;
-  }
-  return std::nullopt;
-}
-
 // ---- table ----
 
 std::string with_bytes(uint64_t bytes) {
-  return fmt::format("{} B ({})", bytes, kv::format_bytes(bytes));
+  return fmt::format("{} B ({})", bytes, format_bytes(bytes));
 }
 
 std::string source_line(const ModelGeometry& m) {
@@ -131,41 +109,6 @@ constexpr const char* kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd",
                                     "#8c564b", "#e377c2", "#17becf", "#bcbd22"};
 
 }  // namespace
-
-uint64_t parse_size(std::string_view text, std::string_view what) {
-  const std::string_view s = trim(text);
-  const auto bad = [&] {
-    fail(
-        "{}: cannot read size '{}': expected a number with an optional unit, B, KiB, MiB, GiB, "
-        "TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000), e.g. 24GiB",
-        what, text);
-  };
-  if (!s.empty() && s.front() == '-') fail("{}: size must be positive, got '{}'", what, text);
-  size_t i = 0;
-  Wide whole = 0;
-  Wide fraction = 0;
-  Wide scale = 1;
-  size_t digits = 0;
-  for (; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i, ++digits) {
-    whole = whole * 10 + static_cast<unsigned>(s[i] - '0');
-    if (whole > kMax) fail("{}: size '{}' is too large", what, text);
-  }
-  if (i < s.size() && s[i] == '.') {
-    for (++i; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i, ++digits) {
-      if (scale < Wide{1000000000000000000ull}) {  // digits past 18 cannot change whole bytes
-        fraction = fraction * 10 + static_cast<unsigned>(s[i] - '0');
-        scale *= 10;
-      }
-    }
-  }
-  if (digits == 0) bad();
-  const auto mult = unit_multiplier(lower(trim(s.substr(i))));
-  if (!mult) bad();
-  const Wide bytes = whole * *mult + fraction * *mult / scale;
-  if (bytes > kMax) fail("{}: size '{}' is too large", what, text);
-  if (bytes == 0) fail("{}: size must be positive, got '{}'", what, text);
-  return static_cast<uint64_t>(bytes);
-}
 
 uint64_t parse_count(std::string_view text, std::string_view what) {
   std::string_view s = trim(text);
@@ -246,7 +189,7 @@ Plan make_plan(const PlanArgs& args) {
     fail("--weights must be 'included' or 'excluded', got '{}'", args.weights);
   }
   o.budget_includes_weights = args.weights == "included";
-  if (!args.budget.empty()) o.budget_bytes = parse_size(args.budget, "--budget");
+  if (!args.budget.empty()) o.budget_bytes = parse_byte_size(args.budget, "--budget");
 
   std::optional<DType> weights_dtype;
   if (!args.weights_dtype.empty()) {
@@ -313,8 +256,8 @@ std::string render_table(const Plan& plan) {
                      "allocated", "waste", "blocks", "max concurrency");
   for (const auto& r : f.requests) {
     out += fmt::format("  {:>9}  {:>11}  {:>11}  {:>11}  {:>8}  {:>15}\n", r.context,
-                       kv::format_bytes(r.exact_bytes), kv::format_bytes(r.allocated_bytes),
-                       kv::format_bytes(r.waste_bytes), optional_count(r.blocks),
+                       format_bytes(r.exact_bytes), format_bytes(r.allocated_bytes),
+                       format_bytes(r.waste_bytes), optional_count(r.blocks),
                        optional_count(r.max_concurrency));
   }
 
@@ -324,7 +267,7 @@ std::string render_table(const Plan& plan) {
   for (const auto& c : f.cells) {
     const std::string fits = c.fits ? (*c.fits ? "yes" : "no") : "-";
     out += fmt::format("  {:>9}  {:>11}  {:>11}  {:>12}  {:>4}\n", c.context, c.concurrency,
-                       kv::format_bytes(c.kv_bytes), kv::format_bytes(c.total_bytes), fits);
+                       format_bytes(c.kv_bytes), format_bytes(c.total_bytes), fits);
   }
 
   if (f.kv_budget_bytes) {
@@ -553,11 +496,11 @@ std::string render_svg(const Plan& plan) {
   }
   if (f.budget_bytes) {
     entry("stroke=\"#d62728\" stroke-width=\"2\" stroke-dasharray=\"8 4\"",
-          "budget " + kv::format_bytes(*f.budget_bytes));
+          "budget " + format_bytes(*f.budget_bytes));
   }
   if (with_weights && base > 0) {
     entry("stroke=\"#999\" stroke-width=\"2\" stroke-dasharray=\"2 4\"",
-          "weights " + kv::format_bytes(base));
+          "weights " + format_bytes(base));
   }
   out += "</g>\n</svg>\n";
   return out;

@@ -36,10 +36,6 @@ struct Plan {
   kv::MemoryPlan figures;
 };
 
-// Bytes from "24GiB", "512MiB", "80GB", "1.5 TB" or "1048576": KiB/MiB/GiB/TiB (and bare
-// K/M/G/T) are powers of 1024, KB/MB/GB/TB powers of 1000, case-insensitive; a fraction is
-// rounded down to whole bytes. Throws Error naming `what` unless the result is positive.
-uint64_t parse_size(std::string_view text, std::string_view what);
 // A positive count, "8192" or "8k" (k = 1024); throws Error naming `what` otherwise.
 uint64_t parse_count(std::string_view text, std::string_view what);
 // Every comma-separated count in every item.

@@ -1,5 +1,7 @@
 #include "kv/memory_plan.h"
 
+#include "base/byte_size.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -240,13 +242,13 @@ TEST(MemoryPlan, BadInputIsNamed) {
 }
 
 TEST(MemoryPlan, FormatBytes) {
-  EXPECT_EQ(format_bytes(0), "0 B");
-  EXPECT_EQ(format_bytes(1023), "1023 B");
-  EXPECT_EQ(format_bytes(1024), "1.0 KiB");
-  EXPECT_EQ(format_bytes(131072), "128.0 KiB");
-  EXPECT_EQ(format_bytes(16773120), "16.0 MiB");
-  EXPECT_EQ(format_bytes(1048575), "1.0 MiB");
-  EXPECT_EQ(format_bytes(16 * GiB), "16.0 GiB");
+  EXPECT_EQ(kvc::format_bytes(0), "0 B");
+  EXPECT_EQ(kvc::format_bytes(1023), "1023 B");
+  EXPECT_EQ(kvc::format_bytes(1024), "1.0 KiB");
+  EXPECT_EQ(kvc::format_bytes(131072), "128.0 KiB");
+  EXPECT_EQ(kvc::format_bytes(16773120), "16.0 MiB");
+  EXPECT_EQ(kvc::format_bytes(1048575), "1.0 MiB");
+  EXPECT_EQ(kvc::format_bytes(16 * GiB), "16.0 GiB");
 }
 
 TEST(StartupSummary, StatesThePoolAsThePlanDoes) {

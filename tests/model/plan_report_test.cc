@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "base/byte_size.h"
 #include "base/error.h"
 
 namespace kvc::model {
@@ -40,30 +41,32 @@ PlanArgs llama_args() {
 }
 
 TEST(PlanReport, ParseSize) {
-  EXPECT_EQ(parse_size("24GiB", "--budget"), 24 * GiB);
-  EXPECT_EQ(parse_size("512MiB", "--budget"), 512ull << 20);
-  EXPECT_EQ(parse_size("80GB", "--budget"), 80000000000ull);
-  EXPECT_EQ(parse_size("1048576", "--budget"), 1048576u);
-  EXPECT_EQ(parse_size(" 2 gib ", "--budget"), 2 * GiB);
-  EXPECT_EQ(parse_size("1.5GiB", "--budget"), 3 * GiB / 2);
-  EXPECT_EQ(parse_size("16K", "--budget"), 16384u);
-  EXPECT_EQ(parse_size("3kb", "--budget"), 3000u);
-  EXPECT_EQ(parse_size("7B", "--budget"), 7u);
+  EXPECT_EQ(parse_byte_size("24GiB", "--budget"), 24 * GiB);
+  EXPECT_EQ(parse_byte_size("512MiB", "--budget"), 512ull << 20);
+  EXPECT_EQ(parse_byte_size("80GB", "--budget"), 80000000000ull);
+  EXPECT_EQ(parse_byte_size("1048576", "--budget"), 1048576u);
+  EXPECT_EQ(parse_byte_size(" 2 gib ", "--budget"), 2 * GiB);
+  EXPECT_EQ(parse_byte_size("1.5GiB", "--budget"), 3 * GiB / 2);
+  EXPECT_EQ(parse_byte_size("16K", "--budget"), 16384u);
+  EXPECT_EQ(parse_byte_size("3kb", "--budget"), 3000u);
+  EXPECT_EQ(parse_byte_size("7B", "--budget"), 7u);
 }
 
 TEST(PlanReport, ParseSizeErrors) {
-  EXPECT_THAT(error_of([] { parse_size("0", "--budget"); }), HasSubstr("must be positive"));
-  EXPECT_THAT(error_of([] { parse_size("0GiB", "--budget"); }), HasSubstr("must be positive"));
-  EXPECT_THAT(error_of([] { parse_size("-1GiB", "--budget"); }), HasSubstr("must be positive"));
-  EXPECT_THAT(error_of([] { parse_size("abc", "--budget"); }),
+  EXPECT_THAT(error_of([] { parse_byte_size("0", "--budget"); }), HasSubstr("must be positive"));
+  EXPECT_THAT(error_of([] { parse_byte_size("0GiB", "--budget"); }), HasSubstr("must be positive"));
+  EXPECT_THAT(error_of([] { parse_byte_size("-1GiB", "--budget"); }),
+              HasSubstr("must be positive"));
+  EXPECT_THAT(error_of([] { parse_byte_size("abc", "--budget"); }),
               HasSubstr("--budget: cannot read size 'abc'"));
-  EXPECT_THAT(error_of([] { parse_size("12XB", "--budget"); }), HasSubstr("cannot read size"));
-  EXPECT_THAT(error_of([] { parse_size("", "--budget"); }), HasSubstr("cannot read size"));
-  EXPECT_THAT(error_of([] { parse_size("GiB", "--budget"); }), HasSubstr("cannot read size"));
-  EXPECT_THAT(error_of([] { parse_size("1.2.3GB", "--budget"); }), HasSubstr("cannot read size"));
-  EXPECT_THAT(error_of([] { parse_size("99999999999999999999", "--budget"); }),
+  EXPECT_THAT(error_of([] { parse_byte_size("12XB", "--budget"); }), HasSubstr("cannot read size"));
+  EXPECT_THAT(error_of([] { parse_byte_size("", "--budget"); }), HasSubstr("cannot read size"));
+  EXPECT_THAT(error_of([] { parse_byte_size("GiB", "--budget"); }), HasSubstr("cannot read size"));
+  EXPECT_THAT(error_of([] { parse_byte_size("1.2.3GB", "--budget"); }),
+              HasSubstr("cannot read size"));
+  EXPECT_THAT(error_of([] { parse_byte_size("99999999999999999999", "--budget"); }),
               HasSubstr("too large"));
-  EXPECT_THAT(error_of([] { parse_size("20000000TiB", "--budget"); }), HasSubstr("too large"));
+  EXPECT_THAT(error_of([] { parse_byte_size("20000000TiB", "--budget"); }), HasSubstr("too large"));
 }
 
 TEST(PlanReport, ParseCounts) {
