@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "base/byte_size.h"
@@ -13,8 +14,11 @@
 #include "cli/commands.h"
 #include "cli/model_source.h"
 #include "engine/generator.h"
+#include "kv/cache_namespace.h"
 #include "kv/memory_plan.h"
+#include "kv/prefix_index.h"
 #include "model/llama_model.h"
+#include "model/model_fingerprint.h"
 #include "model/tokenizer.h"
 
 namespace kvc::cli {
@@ -39,7 +43,44 @@ struct RunArgs {
   std::string kv_dtype = "f32";
   int prefill_chunk = 512;
   bool ignore_eos = false;
+  std::string prompts_file;
+  bool no_prefix_cache = false;
 };
+
+// One prompt of a --prompts file: a plain line, or a JSON object with "prompt" and an
+// optional "namespace" (a tenant salt: prompts in different namespaces share nothing).
+struct PromptLine {
+  std::string prompt;
+  std::string ns;
+};
+
+std::vector<PromptLine> read_prompts(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read prompts file '{}'", path);
+  std::vector<PromptLine> out;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    if (line.front() != '{') {
+      out.push_back({line, ""});
+      continue;
+    }
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) fail("{}:{}: not a JSON object", path, number);
+    if (!j.contains("prompt") || !j["prompt"].is_string()) {
+      fail("{}:{}: \"prompt\" must be a string", path, number);
+    }
+    PromptLine p{j["prompt"].get<std::string>(), ""};
+    if (j.contains("namespace")) {
+      if (!j["namespace"].is_string()) fail("{}:{}: \"namespace\" must be a string", path, number);
+      p.ns = j["namespace"].get<std::string>();
+    }
+    out.push_back(std::move(p));
+  }
+  if (out.empty()) fail("prompts file '{}' has no prompts", path);
+  return out;
+}
 
 // Writes token text as it arrives, holding back bytes of an unfinished UTF-8 character.
 class TextStream {
@@ -68,16 +109,18 @@ void run(const RunArgs& a) {
   const auto tokenizer = model::Tokenizer::from_gguf(model->file());
   const auto& config = model->config();
 
-  std::string prompt = a.prompt;
-  if (!a.prompt_file.empty()) {
+  std::vector<PromptLine> prompts;
+  if (!a.prompts_file.empty()) {
+    prompts = read_prompts(a.prompts_file);
+  } else if (!a.prompt_file.empty()) {
     std::ifstream in(a.prompt_file, std::ios::binary);
     if (!in) fail("cannot read prompt file '{}'", a.prompt_file);
     std::stringstream ss;
     ss << in.rdbuf();
-    prompt = ss.str();
+    prompts.push_back({ss.str(), ""});
+  } else {
+    prompts.push_back({a.prompt, ""});
   }
-  std::vector<int32_t> tokens = tokenizer.encode(prompt, tokenizer.add_bos());
-  if (tokens.empty()) tokens.push_back(tokenizer.bos_id());
 
   const auto kv_dtype = parse_dtype(a.kv_dtype);
   if (!kv_dtype || (*kv_dtype != DType::F32 && *kv_dtype != DType::F16)) {
@@ -122,27 +165,50 @@ void run(const RunArgs& a) {
   options.eos_id = tokenizer.eos_id();
   if (a.seed < 0) spdlog::info("seed {} (pass --seed to repeat this run)", options.sampling.seed);
 
-  TextStream out;
-  out.write(tokenizer.decode(tokens));
-  engine::Generator generator(*model, pool, thread_pool);
-  const engine::GenerationStats s = generator.generate(tokens, options, [&](int32_t id) {
-    out.write(tokenizer.piece(id));
-    return true;
-  });
-  out.finish();
+  kv::PrefixIndexOptions index_options;
+  index_options.enabled = !a.no_prefix_cache;
+  kv::PrefixIndex index(pool, index_options);
+  kv::NamespaceKey ns_key;
+  ns_key.kv_dtype = geometry.dtype;
+  ns_key.block_tokens = geometry.block_tokens;
+  if (index.enabled()) ns_key.model_fingerprint = model::model_fingerprint(model->file());
 
+  engine::Generator generator(*model, pool, thread_pool);
   const auto rate = [](size_t n, double ms) { return ms > 0 ? n * 1000.0 / ms : 0.0; };
-  std::fprintf(stderr, "prompt: %zu tokens in %.1f ms (%.1f tokens/s)\n", s.prompt_tokens,
-               s.prefill_ms, rate(s.prompt_tokens, s.prefill_ms));
-  std::fprintf(stderr, "decode: %zu tokens, %zu steps in %.1f ms (%.1f tokens/s), finish: %s\n",
-               s.generated_tokens, s.decode_steps, s.decode_ms, rate(s.decode_steps, s.decode_ms),
-               s.finish_reason.c_str());
-  const size_t used_tokens = s.prompt_tokens + s.decode_steps;
-  std::fprintf(stderr,
-               "KV used: %zu blocks = %zu bytes (%zu tokens x %zu bytes/token = %zu bytes "
-               "of keys and values)\n",
-               s.kv_blocks, s.kv_bytes, used_tokens, geometry.bytes_per_token(),
-               used_tokens * geometry.bytes_per_token());
+  for (const PromptLine& p : prompts) {
+    std::vector<int32_t> tokens = tokenizer.encode(p.prompt, tokenizer.add_bos());
+    if (tokens.empty()) tokens.push_back(tokenizer.bos_id());
+    ns_key.tenant_salt = p.ns;
+    const engine::CacheContext cache{&index, kv::namespace_hash(ns_key)};
+    TextStream out;
+    out.write(tokenizer.decode(tokens));
+    const engine::GenerationStats s = generator.generate(
+        tokens, options,
+        [&](int32_t id) {
+          out.write(tokenizer.piece(id));
+          return true;
+        },
+        cache);
+    out.finish();
+    if (prompts.size() > 1) {
+      std::fprintf(stderr, "prompt_tokens=%zu cached_tokens=%zu miss=%s ttft_ms=%.2f\n",
+                   s.prompt_tokens, s.cached_tokens, s.miss.to_string(index.now_ms()).c_str(),
+                   s.ttft_ms);
+      continue;
+    }
+    std::fprintf(stderr, "prompt: %zu tokens (%zu cached, miss=%s) in %.1f ms (%.1f tokens/s)\n",
+                 s.prompt_tokens, s.cached_tokens, s.miss.to_string(index.now_ms()).c_str(),
+                 s.prefill_ms, rate(s.prompt_tokens - s.cached_tokens, s.prefill_ms));
+    std::fprintf(stderr, "decode: %zu tokens, %zu steps in %.1f ms (%.1f tokens/s), finish: %s\n",
+                 s.generated_tokens, s.decode_steps, s.decode_ms, rate(s.decode_steps, s.decode_ms),
+                 s.finish_reason.c_str());
+    const size_t used_tokens = s.prompt_tokens + s.decode_steps;
+    std::fprintf(stderr,
+                 "KV used: %zu blocks = %zu bytes (%zu tokens x %zu bytes/token = %zu bytes "
+                 "of keys and values)\n",
+                 s.kv_blocks, s.kv_bytes, used_tokens, geometry.bytes_per_token(),
+                 used_tokens * geometry.bytes_per_token());
+  }
 }
 
 }  // namespace
@@ -174,6 +240,11 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--prefill-chunk", args->prefill_chunk, "Prompt tokens per forward pass")
       ->capture_default_str();
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep generating after end-of-sequence");
+  cmd->add_option("--prompts", args->prompts_file,
+                  "Run each prompt of a file (lines, or JSONL with \"prompt\" and optional "
+                  "\"namespace\") through one cache; one stats line per prompt on stderr");
+  cmd->add_flag("--no-prefix-cache", args->no_prefix_cache,
+                "Never share cached prefixes (for comparisons)");
   cmd->callback([args] { run(*args); });
 }
 

@@ -45,7 +45,9 @@ std::vector<float> Generator::prompt_logits(std::span<const int32_t> prompt, int
 
 GenerationStats Generator::generate(std::span<const int32_t> prompt,
                                     const GenerationOptions& options,
-                                    const std::function<bool(int32_t)>& on_token) {
+                                    const std::function<bool(int32_t)>& on_token,
+                                    const CacheContext& cache) {
+  const auto start_time = std::chrono::steady_clock::now();
   if (prompt.empty()) fail("the prompt is empty");
   if (options.max_tokens < 0) fail("max tokens must be >= 0, got {}", options.max_tokens);
   if (options.prefill_chunk < 1) fail("prefill chunk must be >= 1, got {}", options.prefill_chunk);
@@ -58,25 +60,42 @@ GenerationStats Generator::generate(std::span<const int32_t> prompt,
   stats.prompt_tokens = prompt.size();
   model::Sampler sampler(options.sampling);
   std::vector<int32_t> history(prompt.begin(), prompt.end());
+  const size_t block = pool_.geometry().block_tokens;
 
   kv::BlockTable table(pool_);
+  if (cache.index != nullptr) {
+    const kv::PrefixMatch m = cache.index->match(cache.ns, prompt, prompt.size() - 1, table);
+    stats.cached_tokens = m.cached_tokens;
+    stats.miss = m.miss;
+  } else {
+    stats.miss = {kv::MissKind::kDisabled, 0, 0};
+  }
+  // Blocks become cache entries as soon as they fill, so concurrent and later requests can
+  // share them; a sequence's last, partial block joins when it is done.
+  const auto seal = [&](size_t written, bool done) {
+    if (cache.index != nullptr) cache.index->insert(cache.ns, history, written, table, done);
+  };
   reserve(table, prompt.size());
   const auto prefill_start = std::chrono::steady_clock::now();
   std::span<const float> logits;
-  for (size_t start = 0; start < prompt.size(); start += options.prefill_chunk) {
+  for (size_t start = stats.cached_tokens; start < prompt.size(); start += options.prefill_chunk) {
     const size_t end = std::min(prompt.size(), start + options.prefill_chunk);
+    if (!table.ensure_writable(start)) reserve(table, table.capacity_tokens() + block);
     std::vector<model::BatchRow> rows;
     for (size_t i = start; i < end; ++i) {
       rows.push_back({prompt[i], static_cast<int32_t>(i), &table, i + 1 == prompt.size()});
     }
     logits = model_.forward(threads_, pool_, rows, scratch_);
+    seal(end, false);
   }
   stats.prefill_ms = ms_since(prefill_start);
 
   const auto decode_start = std::chrono::steady_clock::now();
   stats.finish_reason = "length";
+  size_t written = prompt.size();
   for (int n = 0; n < options.max_tokens; ++n) {
     const int32_t token = sampler.sample(logits, history);
+    if (n == 0) stats.ttft_ms = ms_since(start_time);
     history.push_back(token);
     ++stats.generated_tokens;
     if (options.stop_at_eos && token == options.eos_id) {
@@ -90,13 +109,19 @@ GenerationStats Generator::generate(std::span<const int32_t> prompt,
       break;
     }
     reserve(table, history.size());
-    const model::BatchRow row{token, static_cast<int32_t>(history.size() - 1), &table, true};
+    if (!table.ensure_writable(written)) {
+      fail("KV cache full: no block free to copy a shared block before writing");
+    }
+    const model::BatchRow row{token, static_cast<int32_t>(written), &table, true};
     logits = model_.forward(threads_, pool_, {&row, 1}, scratch_);
+    ++written;
     ++stats.decode_steps;
+    if (written % block == 0) seal(written, false);
   }
   stats.decode_ms = ms_since(decode_start);
   stats.kv_blocks = table.blocks().size();
   stats.kv_bytes = stats.kv_blocks * pool_.geometry().bytes_per_block();
+  seal(written, true);
   return stats;
 }
 

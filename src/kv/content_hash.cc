@@ -7,12 +7,15 @@
 namespace kvc::kv {
 
 Hasher::Hasher() : ctx_(EVP_MD_CTX_new()) {
-  if (ctx_ == nullptr || EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr) != 1) {
+  if (ctx_ == nullptr ||
+      EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr) != 1) {
     fail("SHA-256 initialisation failed");
   }
 }
 
-Hasher::~Hasher() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
+Hasher::~Hasher() {
+  EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_));
+}
 
 Hasher& Hasher::bytes(const void* data, size_t n) {
   EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), data, n);

@@ -1,0 +1,16 @@
+#include "kv/cache_namespace.h"
+
+namespace kvc::kv {
+
+Hash256 namespace_hash(const NamespaceKey& key) {
+  Hasher h;
+  h.str("kvcache-namespace-v1")
+      .hash(key.model_fingerprint)
+      .str(dtype_name(key.kv_dtype))
+      .u64(static_cast<uint64_t>(key.block_tokens))
+      .str(key.tenant_salt)
+      .str(key.adapter);
+  return h.finish();
+}
+
+}  // namespace kvc::kv

@@ -1,0 +1,24 @@
+// Cache identity: the namespace a block lives in. Two blocks are shared only if everything
+// that shapes their keys and values agrees: model weights and tokenizer (the model
+// fingerprint), KV dtype, block size, tenant salt and adapter.
+#pragma once
+
+#include <string>
+
+#include "base/dtype.h"
+#include "kv/content_hash.h"
+
+namespace kvc::kv {
+
+struct NamespaceKey {
+  Hash256 model_fingerprint{};
+  DType kv_dtype = DType::F32;
+  int block_tokens = 16;
+  std::string tenant_salt;  // per tenant (and per request cache_salt); empty for none
+  std::string adapter;      // adapter id; empty for the base model
+};
+
+// The namespace hash: SHA-256 over every field of the key.
+Hash256 namespace_hash(const NamespaceKey& key);
+
+}  // namespace kvc::kv

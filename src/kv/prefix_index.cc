@@ -1,0 +1,471 @@
+#include "kv/prefix_index.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "base/error.h"
+
+namespace kvc::kv {
+
+Clock steady_clock_ms() {
+  return [] {
+    return std::chrono::duration<double, std::milli>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+}
+
+std::string MissReason::kind_name() const {
+  switch (kind) {
+    case MissKind::kNone:
+      return "none";
+    case MissKind::kCold:
+      return "cold";
+    case MissKind::kDiverged:
+      return "diverged";
+    case MissKind::kEvicted:
+      return "evicted";
+    case MissKind::kPartialBlock:
+      return "partial_block";
+    case MissKind::kQuota:
+      return "quota";
+    case MissKind::kDisabled:
+      return "disabled";
+  }
+  return "?";
+}
+
+std::string MissReason::to_string(double now_ms) const {
+  switch (kind) {
+    case MissKind::kDiverged:
+      return fmt::format("diverged@{}", at_token);
+    case MissKind::kEvicted:
+      return fmt::format("evicted@{:.1f}s-ago", std::max(0.0, now_ms - evicted_at_ms) / 1e3);
+    default:
+      return kind_name();
+  }
+}
+
+struct PrefixIndex::Node {
+  Node* parent = nullptr;
+  Space* space = nullptr;
+  std::vector<int32_t> tokens;  // this node's key under its parent: a block's token ids
+  BlockId block = -1;
+  Hash256 hash{};
+  std::map<std::vector<int32_t>, std::unique_ptr<Node>> children;
+  uint64_t last_access = 0;
+  double pinned_until = 0;
+  bool in_lru = false;
+  bool partial = false;
+};
+
+struct PrefixIndex::Space {
+  Hash256 ns{};
+  Node root;
+  size_t blocks = 0;
+  size_t quota = 0;
+  uint64_t queried_tokens = 0;
+  uint64_t hit_tokens = 0;
+};
+
+// The outcome of following tokens down the tree, before any side effect.
+struct PrefixIndex::Walk {
+  const Space* space = nullptr;
+  std::vector<Node*> path;  // whole blocks matched
+  Node* partial = nullptr;  // the child sharing the longest run with the next tokens
+  size_t partial_tokens = 0;
+  size_t full_tokens = 0;
+  MissReason miss;
+};
+
+size_t PrefixIndex::HashKey::operator()(const Hash256& h) const {
+  size_t v;
+  std::memcpy(&v, h.data(), sizeof(v));
+  return v;
+}
+
+PrefixIndex::PrefixIndex(BlockPool& pool, PrefixIndexOptions options, Clock clock)
+    : pool_(pool), options_(options), clock_(std::move(clock)) {
+  node_of_block_.assign(pool.num_blocks(), nullptr);
+  pool_.set_evictor([this] { return evict(1) == 1; });
+}
+
+PrefixIndex::~PrefixIndex() {
+  pool_.set_evictor(nullptr);
+}
+
+PrefixIndex::Space& PrefixIndex::space(const Hash256& ns) {
+  auto& slot = spaces_[ns];
+  if (!slot) {
+    slot = std::make_unique<Space>();
+    slot->ns = ns;
+    slot->root.space = slot.get();
+  }
+  return *slot;
+}
+
+const PrefixIndex::Space* PrefixIndex::find_space(const Hash256& ns) const {
+  auto it = spaces_.find(ns);
+  return it == spaces_.end() ? nullptr : it->second.get();
+}
+
+namespace {
+size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
+  const size_t n = std::min(a.size(), b.size());
+  size_t i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  return i;
+}
+}  // namespace
+
+PrefixIndex::Walk PrefixIndex::walk(const Hash256& ns, std::span<const int32_t> tokens,
+                                    size_t limit) const {
+  Walk w;
+  limit = std::min(limit, tokens.size());
+  if (!options_.enabled) {
+    w.miss = {MissKind::kDisabled, 0, 0};
+    return w;
+  }
+  w.space = find_space(ns);
+  const size_t block = pool_.geometry().block_tokens;
+  if (w.space == nullptr) {
+    if (limit > 0) w.miss = {MissKind::kCold, 0, 0};
+    return w;
+  }
+  const Node* node = &w.space->root;
+  size_t pos = 0;
+  while (pos + block <= limit) {
+    const std::vector<int32_t> key(tokens.begin() + pos, tokens.begin() + pos + block);
+    auto it = node->children.find(key);
+    if (it == node->children.end() || it->second->partial) break;
+    node = it->second.get();
+    w.path.push_back(it->second.get());
+    pos += block;
+  }
+  w.full_tokens = pos;
+  if (pos >= limit) return w;
+
+  // The child sharing the longest run with the next tokens sits next to where those tokens
+  // would be inserted in the lexicographically ordered children.
+  const std::span<const int32_t> rest = tokens.subspan(pos, std::min(block, limit - pos));
+  const std::vector<int32_t> rest_key(rest.begin(), rest.end());
+  auto it = node->children.lower_bound(rest_key);
+  for (auto candidate : {it, it == node->children.begin() ? node->children.end() : std::prev(it)}) {
+    if (candidate == node->children.end()) continue;
+    const size_t run = common_prefix(candidate->second->tokens, rest);
+    if (run > w.partial_tokens) {
+      w.partial_tokens = run;
+      w.partial = candidate->second.get();
+    }
+  }
+  const size_t reusable = options_.partial_reuse ? w.partial_tokens : 0;
+  const size_t stop = pos + reusable;
+  if (stop >= limit) return w;
+
+  // A remembered eviction of the very next block explains the miss best.
+  if (pos + block <= tokens.size()) {
+    const Hash256 next = chain_hash(ns, node->hash, tokens.subspan(pos, block));
+    auto gone = ledger_.find(next);
+    if (gone != ledger_.end()) {
+      w.miss = {gone->second.kind, stop, gone->second.at_ms};
+      return w;
+    }
+  }
+  if (w.partial_tokens > 0 && !options_.partial_reuse) {
+    w.miss = {MissKind::kPartialBlock, stop, 0};
+  } else if (!node->children.empty() && !(w.partial != nullptr && w.partial->partial &&
+                                          w.partial_tokens == w.partial->tokens.size())) {
+    w.miss = {MissKind::kDiverged, stop, 0};
+  } else {
+    w.miss = {MissKind::kCold, stop, 0};
+  }
+  return w;
+}
+
+PrefixMatch PrefixIndex::explain(const Hash256& ns, std::span<const int32_t> tokens,
+                                 size_t limit) const {
+  const Walk w = walk(ns, tokens, limit);
+  PrefixMatch m;
+  m.shared_blocks = w.path.size();
+  m.copied_tokens = options_.partial_reuse ? w.partial_tokens : 0;
+  m.cached_tokens = w.full_tokens + m.copied_tokens;
+  m.miss = w.miss;
+  return m;
+}
+
+PrefixMatch PrefixIndex::match(const Hash256& ns, std::span<const int32_t> tokens, size_t limit,
+                               BlockTable& table) {
+  if (!table.blocks().empty()) fail("prefix match needs an empty block table");
+  Walk w = walk(ns, tokens, limit);
+  PrefixMatch m;
+  m.miss = w.miss;
+  for (Node* n : w.path) {
+    table.append_shared(n->block);
+    touch(n);
+  }
+  m.shared_blocks = w.path.size();
+  m.cached_tokens = w.full_tokens;
+  if (options_.partial_reuse && w.partial_tokens > 0) {
+    // Hold the source while allocating, so the eviction an allocation may trigger cannot
+    // take it.
+    pool_.retain(w.partial->block);
+    const auto fresh = pool_.allocate();
+    if (fresh) {
+      pool_.copy_tokens(w.partial->block, *fresh, static_cast<int>(w.partial_tokens));
+      table.append_owned(*fresh);
+      m.copied_tokens = w.partial_tokens;
+      m.cached_tokens += w.partial_tokens;
+      touch(w.partial);
+    } else {
+      m.miss = {MissKind::kPartialBlock, m.cached_tokens, 0};
+    }
+    pool_.release(w.partial->block);
+  }
+  if (options_.enabled) {
+    Space& sp = space(ns);
+    sp.queried_tokens += tokens.size();
+    sp.hit_tokens += m.cached_tokens;
+    stats_.queried_tokens += tokens.size();
+    stats_.hit_tokens += m.cached_tokens;
+  }
+  return m;
+}
+
+PrefixIndex::Node* PrefixIndex::add_child(Space& sp, Node& parent, std::vector<int32_t> key,
+                                          BlockId block) {
+  auto node = std::make_unique<Node>();
+  Node* n = node.get();
+  n->parent = &parent;
+  n->space = &sp;
+  n->block = block;
+  n->partial = key.size() < static_cast<size_t>(pool_.geometry().block_tokens);
+  n->hash = chain_hash(sp.ns, parent.hash, key);
+  n->tokens = key;
+  if (parent.children.empty() && parent.parent != nullptr) lru_remove(&parent);
+  parent.children.emplace(std::move(key), std::move(node));
+  node_of_block_[block] = n;
+  pool_.set_cacheable(block, true);
+  ++sp.blocks;
+  ++stats_.nodes;
+  ++stats_.inserted_blocks;
+  if (auto gone = ledger_.find(n->hash); gone != ledger_.end()) ledger_.erase(gone);
+  n->last_access = ++tick_;
+  lru_add(n);
+  return n;
+}
+
+void PrefixIndex::insert(const Hash256& ns, std::span<const int32_t> tokens, size_t n_tokens,
+                         const BlockTable& table, bool include_partial) {
+  if (!options_.enabled) return;
+  const size_t block = pool_.geometry().block_tokens;
+  n_tokens = std::min(n_tokens, tokens.size());
+  if (table.blocks().size() < pool_.geometry().blocks_for_tokens(n_tokens)) {
+    fail("insert: {} tokens need {} blocks, the table has {}", n_tokens,
+         pool_.geometry().blocks_for_tokens(n_tokens), table.blocks().size());
+  }
+  Space& sp = space(ns);
+  Node* node = &sp.root;
+  const size_t full = n_tokens / block;
+  for (size_t i = 0; i <= full; ++i) {
+    const size_t begin = i * block;
+    const size_t end = std::min(begin + block, n_tokens);
+    if (end == begin || (end - begin < block && !include_partial)) return;
+    std::vector<int32_t> key(tokens.begin() + begin, tokens.begin() + end);
+    auto it = node->children.find(key);
+    if (it != node->children.end()) {  // already cached, perhaps in another block
+      node = it->second.get();
+      continue;
+    }
+    if (key.size() < block) {
+      // A full block that starts with these tokens already serves them by copy.
+      auto next = node->children.lower_bound(key);
+      if (next != node->children.end() && common_prefix(next->first, key) == key.size()) return;
+    }
+    const BlockId b = table.blocks()[i];
+    if (node_of_block_[b] != nullptr) return;  // the block is indexed under other tokens
+    if (!make_room(sp)) {
+      remember(chain_hash(ns, node->hash, key), MissKind::kQuota);
+      return;
+    }
+    node = add_child(sp, *node, std::move(key), b);
+    if (node->partial) return;
+  }
+}
+
+bool PrefixIndex::make_room(Space& sp) {
+  if (sp.quota == 0 || sp.blocks < sp.quota) return true;
+  Node* victim = oldest_evictable(&sp, false);
+  if (victim == nullptr) return false;
+  remove_leaf(victim, MissKind::kQuota);
+  return true;
+}
+
+bool PrefixIndex::evictable(const Node& n, bool ignore_pins) const {
+  return n.children.empty() && pool_.state(n.block) == BlockState::kCached &&
+         (ignore_pins || n.pinned_until <= clock_());
+}
+
+PrefixIndex::Node* PrefixIndex::oldest_evictable(const Space* only, bool ignore_pins) const {
+  for (const auto& [access, n] : lru_) {
+    if ((only == nullptr || n->space == only) && evictable(*n, ignore_pins)) return n;
+  }
+  return nullptr;
+}
+
+void PrefixIndex::remove_leaf(Node* n, MissKind why) {
+  remember(n->hash, why);
+  lru_remove(n);
+  pool_.free_cached(n->block);
+  node_of_block_[n->block] = nullptr;
+  --n->space->blocks;
+  --stats_.nodes;
+  ++stats_.evicted_blocks;
+  Node* parent = n->parent;
+  parent->children.erase(n->tokens);  // destroys n
+  if (parent->children.empty() && parent->parent != nullptr) lru_add(parent);
+}
+
+size_t PrefixIndex::evict(size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    Node* victim = oldest_evictable(nullptr, false);
+    if (victim == nullptr) break;
+    remove_leaf(victim, MissKind::kEvicted);
+    ++done;
+  }
+  return done;
+}
+
+size_t PrefixIndex::flush() {
+  size_t done = 0;
+  while (Node* victim = oldest_evictable(nullptr, true)) {
+    remove_leaf(victim, MissKind::kEvicted);
+    ++done;
+  }
+  return done;
+}
+
+void PrefixIndex::touch(Node* n) {
+  if (n->in_lru) {
+    lru_.erase({n->last_access, n});
+    n->last_access = ++tick_;
+    lru_.insert({n->last_access, n});
+  } else {
+    n->last_access = ++tick_;
+  }
+}
+
+void PrefixIndex::lru_add(Node* n) {
+  if (n->in_lru) return;
+  lru_.insert({n->last_access, n});
+  n->in_lru = true;
+}
+
+void PrefixIndex::lru_remove(Node* n) {
+  if (!n->in_lru) return;
+  lru_.erase({n->last_access, n});
+  n->in_lru = false;
+}
+
+void PrefixIndex::remember(const Hash256& hash, MissKind kind) {
+  if (options_.ledger_capacity == 0) return;
+  auto [it, fresh] = ledger_.insert_or_assign(hash, LedgerEntry{kind, clock_()});
+  if (!fresh) return;
+  ledger_order_.push_back(hash);
+  while (ledger_order_.size() > options_.ledger_capacity) {
+    ledger_.erase(ledger_order_.front());
+    ledger_order_.pop_front();
+  }
+}
+
+size_t PrefixIndex::pin(const Hash256& ns, std::span<const int32_t> tokens, double ttl_ms) {
+  if (!(ttl_ms > 0)) fail("pin: time-to-live must be positive, got {} ms", ttl_ms);
+  const Walk w = walk(ns, tokens, tokens.size());
+  const double until = clock_() + ttl_ms;
+  for (Node* n : w.path) n->pinned_until = std::max(n->pinned_until, until);
+  return w.full_tokens;
+}
+
+size_t PrefixIndex::unpin(const Hash256& ns, std::span<const int32_t> tokens) {
+  const Walk w = walk(ns, tokens, tokens.size());
+  for (Node* n : w.path) n->pinned_until = 0;
+  return w.full_tokens;
+}
+
+void PrefixIndex::set_quota(const Hash256& ns, size_t max_blocks) {
+  Space& sp = space(ns);
+  sp.quota = max_blocks;
+  while (max_blocks != 0 && sp.blocks > max_blocks) {
+    Node* victim = oldest_evictable(&sp, false);
+    if (victim == nullptr) break;
+    remove_leaf(victim, MissKind::kQuota);
+  }
+}
+
+PrefixIndexStats PrefixIndex::stats() const {
+  PrefixIndexStats s = stats_;
+  s.namespaces = spaces_.size();
+  return s;
+}
+
+NamespaceStats PrefixIndex::namespace_stats(const Hash256& ns) const {
+  const Space* sp = find_space(ns);
+  if (sp == nullptr) return {};
+  return NamespaceStats{sp->blocks, sp->quota, sp->queried_tokens, sp->hit_tokens};
+}
+
+size_t PrefixIndex::index_bytes() const {
+  // A node, its key, its entry in the parent's map (a red-black tree node of about 48 bytes
+  // plus the key vector) and its LRU set entry.
+  const size_t per_node = sizeof(Node) + 48 + sizeof(std::vector<int32_t>) +
+                          2 * sizeof(int32_t) * pool_.geometry().block_tokens + 48;
+  return stats_.nodes * per_node + node_of_block_.size() * sizeof(Node*) +
+         ledger_.size() * (sizeof(Hash256) * 2 + sizeof(LedgerEntry) + 16);
+}
+
+void PrefixIndex::check_invariants() const {
+  size_t nodes = 0;
+  for (const auto& [ns, sp] : spaces_) {
+    size_t in_space = 0;
+    std::vector<const Node*> stack = {&sp->root};
+    while (!stack.empty()) {
+      const Node* n = stack.back();
+      stack.pop_back();
+      for (const auto& [key, child] : n->children) {
+        ++in_space;
+        if (child->parent != n || child->tokens != key || child->space != sp.get()) {
+          fail("prefix index: node links are inconsistent");
+        }
+        if (node_of_block_[child->block] != child.get() || !pool_.cacheable(child->block) ||
+            pool_.state(child->block) == BlockState::kFree) {
+          fail("prefix index: block {} of a node is not held as cached", child->block);
+        }
+        if (child->in_lru != child->children.empty()) {
+          fail("prefix index: the LRU list must hold exactly the leaves");
+        }
+        if (child->partial && !child->children.empty()) fail("prefix index: partial inner node");
+        stack.push_back(child.get());
+      }
+    }
+    if (in_space != sp->blocks) fail("prefix index: namespace block count is off");
+    nodes += in_space;
+  }
+  if (nodes != stats_.nodes || lru_.size() > nodes) fail("prefix index: node count is off");
+  size_t cacheable_cached = 0;
+  for (size_t b = 0; b < node_of_block_.size(); ++b) {
+    if (pool_.state(static_cast<BlockId>(b)) == BlockState::kCached) {
+      ++cacheable_cached;
+      if (node_of_block_[b] == nullptr) fail("prefix index: cached block {} has no node", b);
+    }
+  }
+  const PoolCounts c = pool_.counts();
+  if (c.free + c.cached + c.referenced != c.total || c.cached != cacheable_cached) {
+    fail("block accounting: free {} + cached {} + referenced {} != total {}", c.free, c.cached,
+         c.referenced, c.total);
+  }
+}
+
+}  // namespace kvc::kv

@@ -1,0 +1,161 @@
+// The prefix index: a radix tree over token ids at block granularity, per namespace, whose
+// nodes own cached KV blocks. Requests that read the same prefix share its blocks; a block
+// that matches only in part is reused by copying its matching tokens; memory is reclaimed
+// only when an allocation finds no free block, from unreferenced leaves, least recently used
+// first; and every lookup that stops early says why.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kv/block_pool.h"
+#include "kv/block_table.h"
+#include "kv/content_hash.h"
+
+namespace kvc::kv {
+
+// Milliseconds on a monotonic clock; tests pass a manual one.
+using Clock = std::function<double()>;
+Clock steady_clock_ms();
+
+enum class MissKind : uint8_t {
+  kNone,          // everything up to the limit came from the cache
+  kCold,          // this namespace never held the next tokens
+  kDiverged,      // cached sequences continue differently from token at_token on
+  kEvicted,       // the next block was cached but evicted at evicted_at_ms
+  kPartialBlock,  // a cached block matched in part but could not be reused
+  kQuota,         // the next block was dropped or refused by the namespace quota
+  kDisabled,      // prefix caching is off
+};
+
+struct MissReason {
+  MissKind kind = MissKind::kNone;
+  size_t at_token = 0;       // the first prompt token that was not served from the cache
+  double evicted_at_ms = 0;  // kEvicted and kQuota: when the block left (or was refused)
+  // "none", "cold", "diverged@K", "evicted@T.Ts-ago", "partial_block", "quota", "disabled".
+  std::string to_string(double now_ms) const;
+  // The bare kind name ("diverged"), for metrics labels and JSON.
+  std::string kind_name() const;
+};
+
+struct PrefixMatch {
+  size_t cached_tokens = 0;  // tokens whose keys and values the table now holds
+  size_t shared_blocks = 0;  // full blocks shared with the cache
+  size_t copied_tokens = 0;  // tokens copied from a partly matching block
+  MissReason miss;
+};
+
+struct PrefixIndexOptions {
+  bool enabled = true;
+  bool partial_reuse = true;  // copy the matching part of a partly matching cached block
+  size_t ledger_capacity = size_t{1} << 16;  // evicted-block hashes remembered for reasons
+};
+
+struct PrefixIndexStats {
+  size_t nodes = 0;  // cached blocks held by the index (referenced or not)
+  size_t namespaces = 0;
+  uint64_t inserted_blocks = 0;
+  uint64_t evicted_blocks = 0;
+  uint64_t queried_tokens = 0;
+  uint64_t hit_tokens = 0;
+};
+
+struct NamespaceStats {
+  size_t blocks = 0;
+  size_t quota = 0;  // 0: unlimited
+  uint64_t queried_tokens = 0;
+  uint64_t hit_tokens = 0;
+};
+
+class PrefixIndex {
+ public:
+  // Installs itself as pool's evictor; pool must outlive the index.
+  explicit PrefixIndex(BlockPool& pool, PrefixIndexOptions options = {},
+                       Clock clock = steady_clock_ms());
+  ~PrefixIndex();
+  PrefixIndex(const PrefixIndex&) = delete;
+  PrefixIndex& operator=(const PrefixIndex&) = delete;
+
+  // Finds the longest cached prefix of tokens[0, limit) in namespace ns and appends it to the
+  // empty table: whole blocks shared, then the matching part of one more block copied into a
+  // fresh block. Says why it stopped when it stopped before limit.
+  PrefixMatch match(const Hash256& ns, std::span<const int32_t> tokens, size_t limit,
+                    BlockTable& table);
+  // What match() would return, without taking blocks, copying or touching recency.
+  PrefixMatch explain(const Hash256& ns, std::span<const int32_t> tokens, size_t limit) const;
+
+  // Indexes the blocks of table that hold tokens[0, n_tokens): every full block, and with
+  // include_partial the last, partly filled one (pass it only when the sequence is done
+  // writing). Indexed blocks become immutable and stay cached when their last reference goes.
+  void insert(const Hash256& ns, std::span<const int32_t> tokens, size_t n_tokens,
+              const BlockTable& table, bool include_partial);
+
+  // Pins the cached full blocks of the prefix tokens until now + ttl_ms; eviction skips
+  // them. Returns the tokens pinned.
+  size_t pin(const Hash256& ns, std::span<const int32_t> tokens, double ttl_ms);
+  // Unpins the cached full blocks of the prefix; returns the tokens unpinned.
+  size_t unpin(const Hash256& ns, std::span<const int32_t> tokens);
+  // Caps the blocks ns may keep cached (0: no cap).
+  void set_quota(const Hash256& ns, size_t max_blocks);
+
+  // Evicts up to n unreferenced, unpinned leaf blocks, least recently used first.
+  size_t evict(size_t n);
+  // Evicts every unreferenced block, pinned or not; returns how many.
+  size_t flush();
+
+  PrefixIndexStats stats() const;
+  NamespaceStats namespace_stats(const Hash256& ns) const;
+  // Approximate bytes of index bookkeeping (nodes, keys, maps), not of KV data.
+  size_t index_bytes() const;
+  double now_ms() const { return clock_(); }
+  bool enabled() const { return options_.enabled; }
+  // Throws Error if the tree, the LRU list, the pool states and the counters disagree.
+  void check_invariants() const;
+
+ private:
+  struct Node;
+  struct Space;
+  struct Walk;
+  struct HashKey {
+    size_t operator()(const Hash256& h) const;
+  };
+  struct LedgerEntry {
+    MissKind kind;
+    double at_ms;
+  };
+
+  Walk walk(const Hash256& ns, std::span<const int32_t> tokens, size_t limit) const;
+  Space& space(const Hash256& ns);
+  const Space* find_space(const Hash256& ns) const;
+  Node* add_child(Space& sp, Node& parent, std::vector<int32_t> key, BlockId block);
+  bool make_room(Space& sp);
+  bool evictable(const Node& n, bool ignore_pins) const;
+  Node* oldest_evictable(const Space* only, bool ignore_pins) const;
+  void remove_leaf(Node* n, MissKind why);
+  void touch(Node* n);
+  void lru_add(Node* n);
+  void lru_remove(Node* n);
+  void remember(const Hash256& hash, MissKind kind);
+
+  BlockPool& pool_;
+  PrefixIndexOptions options_;
+  Clock clock_;
+  uint64_t tick_ = 0;
+  std::map<Hash256, std::unique_ptr<Space>> spaces_;
+  std::set<std::pair<uint64_t, Node*>> lru_;  // leaves (not roots), by last access
+  std::vector<Node*> node_of_block_;
+  std::unordered_map<Hash256, LedgerEntry, HashKey> ledger_;
+  std::deque<Hash256> ledger_order_;
+  PrefixIndexStats stats_;
+};
+
+}  // namespace kvc::kv
