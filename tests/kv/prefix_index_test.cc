@@ -1,0 +1,274 @@
+// The prefix index, one behaviour at a time: sharing, partial reuse, each miss reason,
+// namespaces, eviction order, pins, quotas and copy-on-write.
+#include "kv/prefix_index.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+
+#include "base/error.h"
+#include "kv/cache_namespace.h"
+
+namespace kvc::kv {
+namespace {
+
+constexpr int kBlock = 4;
+
+struct Fixture {
+  double now = 1000.0;
+  KvGeometry geometry{1, 1, 4, kBlock, DType::F32};
+  BlockPool pool;
+  PrefixIndex index;
+  Hash256 ns_a = namespace_hash({{}, DType::F32, kBlock, "a", ""});
+  Hash256 ns_b = namespace_hash({{}, DType::F32, kBlock, "b", ""});
+
+  explicit Fixture(size_t blocks = 16, PrefixIndexOptions o = {})
+      : pool(geometry, geometry.bytes_per_block() * blocks),
+        index(pool, o, [this] { return now; }) {}
+
+  // Value stored for a token slot: the prefix it ends, so copies can be checked.
+  static float value_of(std::span<const int32_t> prefix) {
+    float v = 0;
+    for (int32_t t : prefix) v = v * 3.0f + static_cast<float>(t + 1);
+    return v;
+  }
+  float* slot(BlockTable& t, size_t pos) {
+    return reinterpret_cast<float*>(pool.data(t.block_of(pos)) +
+                                    geometry.offset(0, 0, 0, t.slot_of(pos)));
+  }
+  // Runs a whole sequence: match, write the rest, index it, release. Returns the match.
+  PrefixMatch run(const Hash256& ns, const std::vector<int32_t>& tokens, bool keep = false,
+                  BlockTable* out = nullptr) {
+    BlockTable t(pool);
+    const PrefixMatch m = index.match(ns, tokens, tokens.size() - 1, t);
+    EXPECT_TRUE(t.reserve(tokens.size()));
+    for (size_t p = 0; p < m.cached_tokens; ++p) {
+      EXPECT_EQ(*slot(t, p), value_of({tokens.data(), p + 1})) << "cached slot " << p;
+    }
+    for (size_t p = m.cached_tokens; p < tokens.size(); ++p) {
+      EXPECT_TRUE(t.ensure_writable(p));
+      *slot(t, p) = value_of({tokens.data(), p + 1});
+    }
+    index.insert(ns, tokens, tokens.size(), t, !keep);
+    index.check_invariants();
+    if (keep && out != nullptr) *out = std::move(t);
+    return m;
+  }
+};
+
+std::vector<int32_t> seq(std::initializer_list<int32_t> ids) {
+  return ids;
+}
+std::vector<int32_t> iota(int n, int start = 10) {
+  std::vector<int32_t> v(n);
+  std::iota(v.begin(), v.end(), start);
+  return v;
+}
+
+TEST(PrefixIndex, SecondRequestSharesFullBlocksAndCopiesThePartOfOne) {
+  Fixture f;
+  EXPECT_EQ(f.run(f.ns_a, iota(11)).miss.kind, MissKind::kCold);
+  // Same 11 tokens: 10 are served (the last is recomputed for its logits): 2 shared blocks
+  // and 2 tokens copied out of the cached partial block.
+  const PrefixMatch m = f.run(f.ns_a, iota(11));
+  EXPECT_EQ(m.cached_tokens, 10u);
+  EXPECT_EQ(m.shared_blocks, 2u);
+  EXPECT_EQ(m.copied_tokens, 2u);
+  EXPECT_EQ(m.miss.kind, MissKind::kNone);
+  EXPECT_EQ(f.index.stats().hit_tokens, 10u);
+}
+
+TEST(PrefixIndex, DivergedReportsTheFirstDifferentToken) {
+  Fixture f;
+  f.run(f.ns_a, iota(12));
+  auto other = iota(12);
+  other[6] = 99;
+  const PrefixMatch m = f.run(f.ns_a, other);
+  EXPECT_EQ(m.cached_tokens, 6u);  // block 0 shared, 2 tokens of block 1 copied
+  EXPECT_EQ(m.miss.kind, MissKind::kDiverged);
+  EXPECT_EQ(m.miss.at_token, 6u);
+  EXPECT_EQ(m.miss.to_string(f.now), "diverged@6");
+}
+
+TEST(PrefixIndex, ColdInANewNamespaceAndNeverAcrossNamespaces) {
+  Fixture f;
+  f.run(f.ns_a, iota(12));
+  const PrefixMatch m = f.run(f.ns_b, iota(12));
+  EXPECT_EQ(m.cached_tokens, 0u);
+  EXPECT_EQ(m.miss.kind, MissKind::kCold);
+  EXPECT_EQ(f.index.namespace_stats(f.ns_b).hit_tokens, 0u);
+  EXPECT_EQ(f.index.namespace_stats(f.ns_a).blocks, 3u);
+  EXPECT_EQ(f.index.namespace_stats(f.ns_b).blocks, 3u);
+}
+
+TEST(PrefixIndex, ExtendingACachedSequenceIsColdPastItsEnd) {
+  Fixture f;
+  f.run(f.ns_a, iota(8));
+  const PrefixMatch m = f.run(f.ns_a, iota(14));
+  EXPECT_EQ(m.cached_tokens, 8u);
+  EXPECT_EQ(m.miss.kind, MissKind::kCold);
+  EXPECT_EQ(m.miss.at_token, 8u);
+}
+
+TEST(PrefixIndex, EvictedSaysWhen) {
+  Fixture f(6);
+  f.run(f.ns_a, iota(12));  // 3 blocks cached
+  f.now += 5000;
+  f.run(f.ns_a, iota(16, 100));  // 4 more blocks: needs 1 eviction (LRU leaf: block 2)
+  f.now += 2500;
+  EXPECT_GE(f.index.stats().evicted_blocks, 1u);
+  const PrefixMatch m = f.index.explain(f.ns_a, iota(12), 11);
+  EXPECT_EQ(m.cached_tokens, 8u);
+  EXPECT_EQ(m.miss.kind, MissKind::kEvicted);
+  EXPECT_EQ(m.miss.to_string(f.now), "evicted@2.5s-ago");
+}
+
+TEST(PrefixIndex, PartialBlockWhenCopyingIsOff) {
+  PrefixIndexOptions o;
+  o.partial_reuse = false;
+  Fixture f(16, o);
+  f.run(f.ns_a, iota(12));
+  auto other = iota(12);
+  other[6] = 99;
+  const PrefixMatch m = f.run(f.ns_a, other);
+  EXPECT_EQ(m.cached_tokens, 4u);
+  EXPECT_EQ(m.miss.kind, MissKind::kPartialBlock);
+  EXPECT_EQ(m.miss.at_token, 4u);
+}
+
+TEST(PrefixIndex, QuotaCapsANamespaceAndIsTheReason) {
+  Fixture f;
+  f.index.set_quota(f.ns_a, 2);
+  f.run(f.ns_a, iota(16));  // blocks 0 and 1 cached; 2 and 3 refused
+  EXPECT_EQ(f.index.namespace_stats(f.ns_a).blocks, 2u);
+  const PrefixMatch m = f.index.explain(f.ns_a, iota(16), 15);
+  EXPECT_EQ(m.cached_tokens, 8u);
+  EXPECT_EQ(m.miss.kind, MissKind::kQuota);
+  f.run(f.ns_b, iota(16));  // another namespace is not limited
+  EXPECT_EQ(f.index.namespace_stats(f.ns_b).blocks, 4u);
+}
+
+TEST(PrefixIndex, DisabledSharesNothingAndFreesEverything) {
+  PrefixIndexOptions o;
+  o.enabled = false;
+  Fixture f(16, o);
+  f.run(f.ns_a, iota(12));
+  const PrefixMatch m = f.run(f.ns_a, iota(12));
+  EXPECT_EQ(m.cached_tokens, 0u);
+  EXPECT_EQ(m.miss.kind, MissKind::kDisabled);
+  EXPECT_EQ(f.pool.counts().free, f.pool.num_blocks());
+}
+
+TEST(PrefixIndex, EvictsOnlyWhenAllocationNeedsItLeavesFirstLeastRecentFirst) {
+  Fixture f(8);
+  f.run(f.ns_a, iota(8, 10));                     // A: 2 blocks
+  f.run(f.ns_a, iota(8, 50));                     // B: 2 blocks
+  f.run(f.ns_a, iota(8, 90));                     // C: 2 blocks
+  EXPECT_EQ(f.index.stats().evicted_blocks, 0u);  // 6 of 8 blocks used: nothing evicted
+  f.run(f.ns_a, iota(8, 10));                     // touch A: now B is the least recently used
+  f.run(f.ns_a, iota(16, 200));  // 4 blocks: 2 free, so 2 evictions: B's leaf, then B's root
+  EXPECT_EQ(f.index.stats().evicted_blocks, 2u);
+  EXPECT_EQ(f.index.explain(f.ns_a, iota(8, 50), 8).cached_tokens, 0u);
+  EXPECT_EQ(f.index.explain(f.ns_a, iota(8, 10), 8).cached_tokens, 8u);
+  EXPECT_EQ(f.index.explain(f.ns_a, iota(8, 90), 8).cached_tokens, 8u);
+}
+
+TEST(PrefixIndex, ReferencedBlocksAreNeverEvicted) {
+  Fixture f(4);
+  BlockTable held(f.pool);
+  f.run(f.ns_a, iota(8), true, &held);  // 2 blocks, still referenced
+  EXPECT_EQ(f.index.evict(10), 0u);
+  BlockTable t(f.pool);
+  EXPECT_TRUE(t.reserve(8));
+  EXPECT_FALSE(t.reserve(12));  // pool exhausted, nothing evictable
+  t.clear();
+  held.clear();
+  EXPECT_EQ(f.index.evict(10), 2u);
+  EXPECT_EQ(f.pool.counts().free, 4u);
+}
+
+TEST(PrefixIndex, PinsHoldUntilTheirTimeToLive) {
+  Fixture f(4);
+  f.run(f.ns_a, iota(8));
+  EXPECT_EQ(f.index.pin(f.ns_a, iota(8), 1000), 8u);
+  EXPECT_EQ(f.index.evict(10), 0u);
+  f.now += 1001;
+  EXPECT_EQ(f.index.evict(10), 2u);
+  f.run(f.ns_a, iota(8));
+  f.index.pin(f.ns_a, iota(8), 1e9);
+  EXPECT_EQ(f.index.unpin(f.ns_a, iota(8)), 8u);
+  EXPECT_EQ(f.index.evict(10), 2u);
+  EXPECT_THROW(f.index.pin(f.ns_a, iota(8), 0), Error);
+}
+
+TEST(PrefixIndex, FlushDropsEverythingUnreferencedIncludingPins) {
+  Fixture f;
+  f.run(f.ns_a, iota(12));
+  f.run(f.ns_b, iota(7));
+  f.index.pin(f.ns_a, iota(12), 1e9);
+  EXPECT_EQ(f.index.flush(), 5u);
+  EXPECT_EQ(f.pool.counts().free, f.pool.num_blocks());
+  EXPECT_EQ(f.index.stats().nodes, 0u);
+  f.index.check_invariants();
+}
+
+TEST(PrefixIndex, ForkSharesThenCopiesOnFirstWrite) {
+  Fixture f;
+  BlockTable a(f.pool);
+  ASSERT_TRUE(a.reserve(6));
+  for (size_t p = 0; p < 6; ++p) *f.slot(a, p) = static_cast<float>(p);
+  BlockTable b = a.fork();
+  EXPECT_EQ(f.pool.ref_count(a.blocks()[1]), 2u);
+  ASSERT_TRUE(b.ensure_writable(6));  // block 1 holds slots 4, 5: copied before writing 6
+  EXPECT_NE(a.blocks()[1], b.blocks()[1]);
+  EXPECT_EQ(a.blocks()[0], b.blocks()[0]);
+  *f.slot(b, 6) = 60.0f;
+  *f.slot(b, 4) = -1.0f;
+  EXPECT_EQ(*f.slot(a, 4), 4.0f);     // the original is untouched
+  EXPECT_EQ(*f.slot(b, 5), 5.0f);     // the copy kept the shared tokens
+  ASSERT_TRUE(a.ensure_writable(6));  // a is now the only holder: no copy
+  EXPECT_EQ(f.pool.ref_count(a.blocks()[1]), 1u);
+}
+
+TEST(PrefixIndex, IndexedBlocksAreImmutable) {
+  Fixture f;
+  BlockTable held(f.pool);
+  f.run(f.ns_a, iota(6), true, &held);  // block 0 indexed and still held
+  const BlockId indexed = held.blocks()[0];
+  ASSERT_TRUE(held.ensure_writable(3));  // writing into an indexed block copies it
+  EXPECT_NE(held.blocks()[0], indexed);
+}
+
+TEST(PrefixIndex, ContentHashesChainNamespaceParentAndTokens) {
+  const Hash256 ns = namespace_hash({});
+  const Hash256 zero{};
+  const auto a = chain_hash(ns, zero, seq({1, 2, 3, 4}));
+  EXPECT_NE(a, chain_hash(ns, zero, seq({1, 2, 3, 5})));
+  EXPECT_NE(a, chain_hash(namespace_hash({{}, DType::F16, 16, "", ""}), zero, seq({1, 2, 3, 4})));
+  EXPECT_NE(chain_hash(ns, a, seq({5})), chain_hash(ns, zero, seq({5})));
+  EXPECT_EQ(a, chain_hash(ns, zero, seq({1, 2, 3, 4})));
+  // Every identity field changes the namespace.
+  NamespaceKey k;
+  const Hash256 base = namespace_hash(k);
+  k.block_tokens = 32;
+  EXPECT_NE(namespace_hash(k), base);
+  k = {};
+  k.adapter = "lora";
+  EXPECT_NE(namespace_hash(k), base);
+  k = {};
+  k.model_fingerprint[0] = 1;
+  EXPECT_NE(namespace_hash(k), base);
+  EXPECT_EQ(to_hex(base).size(), 64u);
+}
+
+TEST(PrefixIndex, IndexMemoryPerBlockIsSmall) {
+  Fixture f(64);
+  for (int i = 0; i < 8; ++i) f.run(f.ns_a, iota(16, 100 * i));
+  const size_t per_block = f.index.index_bytes() / f.index.stats().nodes;
+  EXPECT_LT(per_block, 1024u);
+}
+
+}  // namespace
+}  // namespace kvc::kv
