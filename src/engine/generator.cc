@@ -94,6 +94,7 @@ GenerationStats Generator::generate(std::span<const int32_t> prompt,
   stats.finish_reason = "length";
   size_t written = prompt.size();
   for (int n = 0; n < options.max_tokens; ++n) {
+    if (options.on_logits) options.on_logits(logits);
     const int32_t token = sampler.sample(logits, history);
     if (n == 0) stats.ttft_ms = ms_since(start_time);
     history.push_back(token);

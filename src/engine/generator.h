@@ -23,6 +23,8 @@ struct GenerationOptions {
   model::SamplingParams sampling;
   bool stop_at_eos = true;
   int32_t eos_id = -1;
+  // Called with each step's logits before sampling (tests, log-probabilities).
+  std::function<void(std::span<const float>)> on_logits;
 };
 
 // Where a generation looks up and leaves its prefix: an index and the request's namespace.
