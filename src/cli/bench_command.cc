@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "base/error.h"
+#include "bench/cache_bench.h"
 #include "bench/decode_bench.h"
 #include "cli/commands.h"
 #include "cli/model_source.h"
@@ -28,7 +29,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--bandwidth-mib", *bandwidth_mib,
                   "Array size for the bandwidth measurement (well above the L3 cache)")
       ->capture_default_str();
-  cmd->callback([o, dtypes, bandwidth_mib] {
+  cmd->callback([o, dtypes, bandwidth_mib, cmd] {
     if (*bandwidth_mib < 1) fail("--bandwidth-mib must be at least 1");
     o->bandwidth_bytes = *bandwidth_mib << 20;
     o->dtypes.clear();
@@ -39,8 +40,45 @@ void add_bench_command(CLI::App& app) {
     }
     if (o->prompt_tokens < 1 || o->decode_tokens < 1) fail("token counts must be positive");
     o->model_path = ensure_synthetic_model;
-    bench::run_decode_bench(*o, std::cout);
+    if (cmd->get_subcommands().empty()) bench::run_decode_bench(*o, std::cout);
   });
+  cmd->require_subcommand(0, 1);
+
+  auto index = std::make_shared<bench::PrefixIndexBenchOptions>();
+  CLI::App* index_cmd = cmd->add_subcommand(
+      "prefix-index", "Match+insert operations/s on an index of a million cached tokens");
+  index_cmd->add_option("--cached-tokens", index->cached_tokens, "Tokens in the index")
+      ->capture_default_str();
+  index_cmd->add_option("--block-tokens", index->block_tokens, "Tokens per block")
+      ->capture_default_str();
+  index_cmd->add_option("--operations", index->operations, "Timed operations")
+      ->capture_default_str();
+  index_cmd->callback([index] { bench::run_prefix_index_bench(*index, std::cout); });
+
+  auto waste = std::make_shared<bench::KvWasteBenchOptions>();
+  CLI::App* waste_cmd = cmd->add_subcommand(
+      "kv-waste", "KV bytes allocated but holding no token, for variable-length sequences");
+  waste_cmd->add_option("--sequences", waste->sequences, "Sequences")->capture_default_str();
+  waste_cmd->add_option("--min-tokens", waste->min_tokens, "Shortest")->capture_default_str();
+  waste_cmd->add_option("--max-tokens", waste->max_tokens, "Longest")->capture_default_str();
+  waste_cmd->callback([waste] {
+    if (waste->min_tokens < 1 || waste->max_tokens < waste->min_tokens) {
+      fail("need 1 <= --min-tokens <= --max-tokens");
+    }
+    bench::run_kv_waste_bench(*waste, std::cout);
+  });
+
+  auto shared = std::make_shared<bench::SharedPrefixBenchOptions>();
+  CLI::App* shared_cmd = cmd->add_subcommand(
+      "shared-prefix", "Prefill time of prompts sharing a preamble, prefix cache on vs off");
+  shared_cmd->add_option("-m,--model", shared->model_path, "GGUF model")->required();
+  shared_cmd->add_option("--prompts", shared->prompts, "Prompts")->capture_default_str();
+  shared_cmd->add_option("--preamble-tokens", shared->preamble_tokens, "Shared preamble")
+      ->capture_default_str();
+  shared_cmd->add_option("--question-tokens", shared->question_tokens, "Distinct tail")
+      ->capture_default_str();
+  shared_cmd->add_option("-t,--threads", shared->threads, "Threads")->capture_default_str();
+  shared_cmd->callback([shared] { bench::run_shared_prefix_bench(*shared, std::cout); });
 }
 
 }  // namespace kvc::cli
