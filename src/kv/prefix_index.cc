@@ -328,10 +328,10 @@ void PrefixIndex::remove_leaf(Node* n, MissKind why) {
   if (parent->children.empty() && parent->parent != nullptr) lru_add(parent);
 }
 
-size_t PrefixIndex::evict(size_t n) {
+size_t PrefixIndex::evict(size_t n, bool ignore_pins) {
   size_t done = 0;
   while (done < n) {
-    Node* victim = oldest_evictable(nullptr, false);
+    Node* victim = oldest_evictable(nullptr, ignore_pins);
     if (victim == nullptr) break;
     remove_leaf(victim, MissKind::kEvicted);
     ++done;

@@ -107,8 +107,9 @@ class PrefixIndex {
   // Caps the blocks ns may keep cached (0: no cap).
   void set_quota(const Hash256& ns, size_t max_blocks);
 
-  // Evicts up to n unreferenced, unpinned leaf blocks, least recently used first.
-  size_t evict(size_t n);
+  // Evicts up to n unreferenced leaf blocks, least recently used first, skipping pinned ones
+  // unless ignore_pins (the last resort when nothing else can make room).
+  size_t evict(size_t n, bool ignore_pins = false);
   // Evicts every unreferenced block, pinned or not; returns how many.
   size_t flush();
 

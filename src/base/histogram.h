@@ -1,0 +1,39 @@
+// A fixed-bucket histogram with Prometheus semantics (cumulative buckets, sum, count) and
+// quantile estimates, safe to update from one thread while others read snapshots.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace kvc {
+
+class Histogram {
+ public:
+  // bounds: increasing upper bounds of the buckets; an implicit +Inf bucket follows.
+  explicit Histogram(std::vector<double> bounds);
+  void observe(double value);
+
+  struct Snapshot {
+    std::vector<double> bounds;
+    std::vector<uint64_t> cumulative;  // one per bound, then +Inf
+    double sum = 0;
+    uint64_t count = 0;
+  };
+  Snapshot snapshot() const;
+
+  // Latency buckets in milliseconds from 1 ms to about 100 s.
+  static std::vector<double> latency_ms_bounds();
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+// The q-quantile (0..1) of values, by nearest rank; 0 for an empty list.
+double quantile(std::vector<double> values, double q);
+
+}  // namespace kvc

@@ -1,0 +1,64 @@
+#include "engine/request.h"
+
+namespace kvc::engine {
+
+bool RequestHandle::next(TokenEvent& event) {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return !events_.empty() || done_; });
+  if (events_.empty()) return false;
+  event = std::move(events_.front());
+  events_.pop_front();
+  return true;
+}
+
+bool RequestHandle::next_for(TokenEvent& event, std::chrono::milliseconds timeout,
+                             bool& timed_out) {
+  std::unique_lock lock(mu_);
+  timed_out = !cv_.wait_for(lock, timeout, [&] { return !events_.empty() || done_; });
+  if (timed_out || events_.empty()) return false;
+  event = std::move(events_.front());
+  events_.pop_front();
+  return true;
+}
+
+bool RequestHandle::finished() const {
+  std::lock_guard lock(mu_);
+  return done_;
+}
+
+RequestStats RequestHandle::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+std::string RequestHandle::error() const {
+  std::lock_guard lock(mu_);
+  return error_;
+}
+
+std::string RequestHandle::wait_text() {
+  std::string text;
+  TokenEvent e;
+  while (next(e)) text += e.text;
+  return text;
+}
+
+void RequestHandle::push(TokenEvent event) {
+  {
+    std::lock_guard lock(mu_);
+    events_.push_back(std::move(event));
+  }
+  cv_.notify_all();
+}
+
+void RequestHandle::finish(const RequestStats& stats, std::string error) {
+  {
+    std::lock_guard lock(mu_);
+    stats_ = stats;
+    error_ = std::move(error);
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+}  // namespace kvc::engine

@@ -1,0 +1,101 @@
+// A generation request, the stream a caller reads its tokens from, and its final statistics.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "kv/content_hash.h"
+#include "kv/prefix_index.h"
+#include "model/sampler.h"
+
+namespace kvc::engine {
+
+struct Request {
+  std::vector<int32_t> prompt;  // token ids, non-empty
+  model::SamplingParams sampling;
+  int max_tokens = 128;
+  std::vector<std::string> stop;  // stop strings, matched across token boundaries
+  bool ignore_eos = false;
+  int priority = 0;            // higher runs first and is preempted last
+  kv::Hash256 ns{};            // cache namespace (model, dtype, block size, tenant, adapter)
+  std::string session_id;      // optional: keeps the conversation's blocks between turns
+  bool record_logits = false;  // attach each step's logits to its event (tests)
+};
+
+enum class RequestErrorKind { kInvalid, kTooLarge, kOverloaded, kShutdown };
+
+// Why the engine refused a request; the message says what to change.
+class RequestError : public Error {
+ public:
+  RequestError(RequestErrorKind kind, const std::string& message) : Error(message), kind_(kind) {}
+  RequestErrorKind kind() const { return kind_; }
+
+ private:
+  RequestErrorKind kind_;
+};
+
+struct RequestStats {
+  size_t prompt_tokens = 0;
+  size_t cached_tokens = 0;  // at the first admission
+  size_t generated_tokens = 0;
+  kv::MissReason miss;
+  int preemptions = 0;
+  double queue_ms = 0;  // submission to first admission
+  double ttft_ms = 0;   // submission to first token
+  double tpot_ms = 0;   // mean time per output token after the first
+  double e2e_ms = 0;
+  // "length", "eos", "stop" (a stop string), "context", "cancelled" or "error".
+  std::string finish_reason;
+  std::string stop_string;  // the stop string that ended it, if any
+};
+
+struct TokenEvent {
+  int32_t token = -1;         // -1: text only (the held-back tail at the end)
+  std::string text;           // text safe to show: never part of a stop string or of a character
+  std::vector<float> logits;  // with Request::record_logits
+};
+
+// The caller's side of a request: a stream of events, then final statistics.
+class RequestHandle {
+ public:
+  explicit RequestHandle(uint64_t id) : id_(id) {}
+  uint64_t id() const { return id_; }
+
+  // Waits for the next event; false once the request has finished and every event was read.
+  bool next(TokenEvent& event);
+  // Like next(), giving up after timeout (returns false with timed_out set).
+  bool next_for(TokenEvent& event, std::chrono::milliseconds timeout, bool& timed_out);
+  // Asks the engine to stop the request; it takes effect within one engine step.
+  void cancel() { cancelled_.store(true); }
+  bool cancel_requested() const { return cancelled_.load(); }
+  bool finished() const;
+  // Final statistics (meaningful once finished).
+  RequestStats stats() const;
+  // Non-empty when the engine failed the request.
+  std::string error() const;
+  // Waits for the end and returns every event's text concatenated.
+  std::string wait_text();
+
+  // Engine side.
+  void push(TokenEvent event);
+  void finish(const RequestStats& stats, std::string error = {});
+
+ private:
+  const uint64_t id_;
+  std::atomic<bool> cancelled_{false};
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<TokenEvent> events_;
+  bool done_ = false;
+  RequestStats stats_;
+  std::string error_;
+};
+
+}  // namespace kvc::engine

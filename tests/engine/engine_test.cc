@@ -1,0 +1,316 @@
+// The engine under load: exactness against solo runs, preemption, cancellation, overload,
+// oversize requests, sessions, priorities and stop conditions.
+#include "engine/engine.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <future>
+
+#include "engine/generator.h"
+#include "model/sampler.h"
+#include "test_models.h"
+
+namespace kvc::engine {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Loaded {
+  std::unique_ptr<model::LlamaModel> model;
+  std::unique_ptr<model::Tokenizer> tokenizer;
+  explicit Loaded(const std::string& path)
+      : model(model::LlamaModel::load(path)),
+        tokenizer(std::make_unique<model::Tokenizer>(model::Tokenizer::from_gguf(model->file()))) {}
+};
+
+std::string model_path() {
+  const std::string stories = testing::stories_model_path();
+  return stories.empty() ? testing::synthetic_model_path("tiny", DType::F32) : stories;
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+  std::string text;
+  RequestStats stats;
+  std::string error;
+};
+
+Outcome collect(RequestHandle& h) {
+  Outcome o;
+  TokenEvent e;
+  while (h.next(e)) {
+    if (e.token >= 0) o.tokens.push_back(e.token);
+    if (!e.logits.empty()) o.logits.push_back(std::move(e.logits));
+    o.text += e.text;
+  }
+  o.stats = h.stats();
+  o.error = h.error();
+  return o;
+}
+
+Request greedy(std::vector<int32_t> prompt, int max_tokens) {
+  Request r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0.0f;
+  r.ignore_eos = true;
+  return r;
+}
+
+std::vector<int32_t> random_prompt(model::Rng& rng, int n_vocab, size_t n) {
+  std::vector<int32_t> p = {1};
+  while (p.size() < n) p.push_back(3 + static_cast<int32_t>(rng.next() % (n_vocab - 3)));
+  return p;
+}
+
+TEST(Engine, ConcurrentBatchedChunkedPreemptedRequestsMatchSoloRuns) {
+  Loaded m(model_path());
+  const int n_vocab = m.model->config().n_vocab;
+  EngineOptions o;
+  o.block_tokens = 8;
+  o.threads = 2;
+  o.max_batch_tokens = 24;  // prefills arrive in chunks, mixed with decodes
+  o.max_running = 6;
+  // 30 blocks of 8 tokens: six ~70-token sequences cannot all fit, so some are preempted.
+  o.kv_memory_bytes = m.model->config().kv_geometry(DType::F32, 8).bytes_per_block() * 30;
+  Engine engine(*m.model, *m.tokenizer, o);
+  model::Rng rng(99);
+  const auto shared = random_prompt(rng, n_vocab, 30);
+  std::vector<Request> requests;
+  for (int i = 0; i < 12; ++i) {
+    auto p = (i % 3 == 0) ? random_prompt(rng, n_vocab, 20 + i) : shared;
+    const auto tail = random_prompt(rng, n_vocab, 2 + i % 5);
+    p.insert(p.end(), tail.begin() + 1, tail.end());
+    Request r = greedy(p, 40);
+    r.record_logits = true;
+    r.ns = engine.namespace_for("");
+    r.priority = i % 4 == 1 ? 1 : 0;
+    requests.push_back(r);
+  }
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (const auto& r : requests) handles.push_back(engine.submit(r));
+  std::vector<Outcome> outcomes;
+  for (auto& h : handles) outcomes.push_back(collect(*h));
+
+  const kv::KvGeometry g = m.model->config().kv_geometry(DType::F32, 8);
+  kv::BlockPool solo_pool(g, g.bytes_per_block() * 64);
+  ThreadPool threads(1);
+  Generator solo(*m.model, solo_pool, threads);
+  int preemptions = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_EQ(outcomes[i].error, "");
+    preemptions += outcomes[i].stats.preemptions;
+    GenerationOptions go;
+    go.max_tokens = 40;
+    go.sampling.temperature = 0.0f;
+    go.stop_at_eos = false;
+    std::vector<std::vector<float>> logits;
+    go.on_logits = [&](std::span<const float> l) { logits.emplace_back(l.begin(), l.end()); };
+    std::vector<int32_t> tokens;
+    solo.generate(requests[i].prompt, go, [&](int32_t t) {
+      tokens.push_back(t);
+      return true;
+    });
+    EXPECT_EQ(outcomes[i].tokens, tokens) << "request " << i;
+    ASSERT_EQ(outcomes[i].logits.size(), logits.size());
+    for (size_t k = 0; k < logits.size(); ++k) {
+      ASSERT_EQ(0, std::memcmp(outcomes[i].logits[k].data(), logits[k].data(),
+                               logits[k].size() * sizeof(float)))
+          << "request " << i << " step " << k;
+    }
+    EXPECT_EQ(outcomes[i].stats.finish_reason, "length");
+  }
+  EXPECT_GT(preemptions, 0) << "the pool was meant to be too small for all at once";
+  const EngineStats s = engine.stats();
+  EXPECT_EQ(s.blocks.referenced, 0u);
+  EXPECT_GT(s.cached_prompt_tokens, 0u);
+  engine.flush_cache();
+  EXPECT_EQ(engine.stats().blocks.free, engine.pool().num_blocks());  // no leaks
+}
+
+TEST(Engine, ExhaustedPoolStillFinishesEveryLongRequest) {
+  Loaded m(testing::synthetic_model_path("tiny", DType::Q8_0));
+  EngineOptions o;
+  o.block_tokens = 16;
+  o.threads = 1;
+  o.max_running = 8;
+  o.kv_memory_bytes = m.model->config().kv_geometry(DType::F32, 16).bytes_per_block() * 24;
+  Engine engine(*m.model, *m.tokenizer, o);
+  model::Rng rng(3);
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (int i = 0; i < 10; ++i) {
+    handles.push_back(engine.submit(greedy(random_prompt(rng, 512, 40), 200)));
+  }
+  for (auto& h : handles) {
+    const Outcome out = collect(*h);
+    EXPECT_EQ(out.stats.generated_tokens, 200u);
+    EXPECT_EQ(out.error, "");
+  }
+  EXPECT_GT(engine.stats().preemptions, 0u);
+  engine.flush_cache();
+  EXPECT_EQ(engine.stats().blocks.free, engine.pool().num_blocks());
+}
+
+TEST(Engine, CancelStopsWithinAStepAndFreesBlocks) {
+  Loaded m(testing::synthetic_model_path("tiny", DType::F32));
+  EngineOptions o;
+  o.threads = 1;
+  o.prefix_cache = false;
+  Engine engine(*m.model, *m.tokenizer, o);
+  auto h = engine.submit(greedy({1, 5, 6, 7}, 400));
+  TokenEvent e;
+  ASSERT_TRUE(h->next(e));
+  h->cancel();
+  const Outcome out = collect(*h);
+  EXPECT_EQ(out.stats.finish_reason, "cancelled");
+  EXPECT_LT(out.stats.generated_tokens, 400u);
+  EXPECT_EQ(engine.stats().blocks.free, engine.pool().num_blocks());
+}
+
+TEST(Engine, OverloadAndOversizeAreClearErrors) {
+  Loaded m(testing::synthetic_model_path("tiny", DType::F32));
+  EngineOptions o;
+  o.threads = 1;
+  o.max_running = 1;
+  o.max_waiting = 2;
+  o.kv_memory_bytes = m.model->config().kv_geometry(DType::F32, 16).bytes_per_block() * 8;
+  Engine engine(*m.model, *m.tokenizer, o);
+  const auto too_long = [&] {
+    std::vector<int32_t> p(600, 5);
+    engine.submit(greedy(p, 4));
+  };
+  EXPECT_THAT(too_long, ::testing::ThrowsMessage<RequestError>(
+                            HasSubstr("the prompt has 600 tokens but the context holds 512")));
+  EXPECT_THAT(
+      [&] {
+        engine.submit(greedy({1, 2, 3}, 300));
+      },
+      ::testing::ThrowsMessage<RequestError>(HasSubstr("needs 19 KV blocks")));
+  try {
+    engine.submit(greedy({1, 2, 3}, 300));
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.kind(), RequestErrorKind::kTooLarge);
+    EXPECT_THAT(e.what(), HasSubstr("pool has 8 blocks"));
+  }
+  EXPECT_THROW(engine.submit(greedy({}, 4)), RequestError);
+  EXPECT_THROW(engine.submit(greedy({1, 99999}, 4)), RequestError);
+  // One running, two waiting: the next is refused as overloaded.
+  std::vector<std::shared_ptr<RequestHandle>> held;
+  bool overloaded = false;
+  for (int i = 0; i < 8 && !overloaded; ++i) {
+    try {
+      held.push_back(engine.submit(greedy({1, 2, 3}, 100)));
+    } catch (const RequestError& e) {
+      overloaded = e.kind() == RequestErrorKind::kOverloaded;
+      EXPECT_THAT(e.what(), HasSubstr("overloaded"));
+    }
+  }
+  EXPECT_TRUE(overloaded);
+  for (auto& h : held) h->cancel();
+  for (auto& h : held) collect(*h);
+  EXPECT_GE(engine.stats().rejected_overloaded, 1u);
+}
+
+TEST(Engine, SessionTurnsReuseThePreviousContext) {
+  Loaded m(model_path());
+  EngineOptions o;
+  o.threads = 2;
+  o.block_tokens = 16;
+  o.kv_memory_bytes = m.model->config().kv_geometry(DType::F32, 16).bytes_per_block() * 40;
+  Engine engine(*m.model, *m.tokenizer, o);
+  const kv::Hash256 ns = engine.namespace_for("");
+  model::Rng rng(8);
+  const int n_vocab = m.model->config().n_vocab;
+  std::vector<int32_t> conversation = random_prompt(rng, n_vocab, 37);
+  for (int turn = 0; turn < 4; ++turn) {
+    Request r = greedy(conversation, 20);
+    r.session_id = "chat-1";
+    r.ns = ns;
+    const Outcome out = collect(*engine.submit(r));
+    if (turn > 0) {
+      // Everything before this turn's new tokens was cached, to the block at least.
+      EXPECT_GE(out.stats.cached_tokens, (conversation.size() - 9) / 16 * 16) << turn;
+    }
+    conversation.insert(conversation.end(), out.tokens.begin(), out.tokens.end());
+    const auto question = random_prompt(rng, n_vocab, 9);
+    conversation.insert(conversation.end(), question.begin() + 1, question.end());
+    // Other traffic between turns presses on the pool; the session's pins hold.
+    for (int i = 0; i < 3; ++i)
+      collect(*engine.submit(greedy(random_prompt(rng, n_vocab, 150), 8)));
+  }
+  EXPECT_EQ(engine.stats().sessions, 1u);
+  EXPECT_TRUE(engine.close_session("chat-1"));
+  EXPECT_FALSE(engine.close_session("chat-1"));
+  EXPECT_EQ(engine.stats().sessions, 0u);
+}
+
+TEST(Engine, HigherPriorityIsAdmittedFirst) {
+  Loaded m(testing::synthetic_model_path("tiny", DType::F32));
+  EngineOptions o;
+  o.threads = 1;
+  o.max_running = 1;
+  Engine engine(*m.model, *m.tokenizer, o);
+  auto first = engine.submit(greedy({1, 2, 3}, 60));  // occupies the only slot
+  auto low = engine.submit(greedy({1, 4, 5}, 5));
+  Request urgent = greedy({1, 6, 7}, 5);
+  urgent.priority = 5;
+  auto high = engine.submit(urgent);
+  const Outcome h = collect(*high), l = collect(*low);
+  collect(*first);
+  EXPECT_LT(h.stats.queue_ms, l.stats.queue_ms);
+}
+
+TEST(Engine, FinishReasons) {
+  Loaded m(model_path());
+  EngineOptions o;
+  o.threads = 1;
+  Engine engine(*m.model, *m.tokenizer, o);
+  const auto prompt = m.tokenizer->encode("Once upon a time", true);
+  Request r = greedy(prompt, 5);
+  EXPECT_EQ(collect(*engine.submit(r)).stats.finish_reason, "length");
+  if (!testing::stories_model_path().empty()) {
+    r.max_tokens = 100;
+    r.stop = {"girl"};
+    const Outcome stopped = collect(*engine.submit(r));
+    EXPECT_EQ(stopped.stats.finish_reason, "stop");
+    EXPECT_EQ(stopped.text, ", there was a little ");
+    EXPECT_EQ(stopped.stats.stop_string, "girl");
+  }
+  // Random weights give end-of-sequence a 1-in-512 chance per sampled token: some seed ends
+  // early, and that seed always does.
+  Loaded tiny(testing::synthetic_model_path("tiny", DType::F32));
+  Engine tiny_engine(*tiny.model, *tiny.tokenizer, o);
+  bool saw_eos = false;
+  for (uint64_t seed = 1; seed <= 30 && !saw_eos; ++seed) {
+    Request sampled = greedy({1, 40, 41}, 400);
+    sampled.ignore_eos = false;
+    sampled.sampling = {1.0f, 0, 1.0f, 0.0f, 1.0f, 64, seed};
+    const Outcome out = collect(*tiny_engine.submit(sampled));
+    if (out.stats.finish_reason != "eos") continue;
+    saw_eos = true;
+    EXPECT_EQ(out.tokens.back(), tiny.tokenizer->eos_id());
+    EXPECT_EQ(out.stats.generated_tokens, out.tokens.size());
+  }
+  EXPECT_TRUE(saw_eos);
+  Request near_end = greedy(std::vector<int32_t>(tiny.model->config().context_length - 3, 5), 50);
+  EXPECT_EQ(collect(*tiny_engine.submit(near_end)).stats.finish_reason, "context");
+}
+
+TEST(Engine, ShutdownDrainsThenCancels) {
+  Loaded m(testing::synthetic_model_path("tiny", DType::F32));
+  EngineOptions o;
+  o.threads = 1;
+  auto engine = std::make_unique<Engine>(*m.model, *m.tokenizer, o);
+  auto quick = engine->submit(greedy({1, 2}, 3));
+  auto slow = engine->submit(greedy({1, 3}, 400));
+  engine->shutdown(0);
+  EXPECT_TRUE(quick->finished());
+  EXPECT_TRUE(slow->finished());
+  EXPECT_THROW(engine->submit(greedy({1, 2}, 3)), RequestError);
+}
+
+}  // namespace
+}  // namespace kvc::engine
