@@ -15,7 +15,30 @@ struct KernelTable {
   float (*dot_f16_f32)(const uint16_t* a, const float* b, size_t n);
   void (*axpy_f32)(float alpha, const float* x, float* y, size_t n);
   void (*axpy_f16)(float alpha, const uint16_t* x, float* y, size_t n);
+  // Attention over n consecutive key/value rows of hd elements (see kernels.h).
+  void (*scores_f32)(const float* q, const float* k, size_t n, size_t hd, float scale, float* out);
+  void (*scores_f16)(const float* q, const uint16_t* k, size_t n, size_t hd, float scale,
+                     float* out);
+  void (*accumulate_f32)(const float* p, const float* v, size_t n, size_t hd, float* out);
+  void (*accumulate_f16)(const float* p, const uint16_t* v, size_t n, size_t hd, float* out);
 };
+
+// The four attention loops, written once over an instruction set's own dot and axpy so that
+// the compiler inlines them (a call per key row costs more than an 8-element dot).
+#define KVC_ATTENTION_LOOPS(DOT_F32, DOT_F16, AXPY_F32, AXPY_F16)                                 \
+  void scores_f32(const float* q, const float* k, size_t n, size_t hd, float scale, float* out) { \
+    for (size_t t = 0; t < n; ++t) out[t] = DOT_F32(k + t * hd, q, hd) * scale;                   \
+  }                                                                                               \
+  void scores_f16(const float* q, const uint16_t* k, size_t n, size_t hd, float scale,            \
+                  float* out) {                                                                   \
+    for (size_t t = 0; t < n; ++t) out[t] = DOT_F16(k + t * hd, q, hd) * scale;                   \
+  }                                                                                               \
+  void accumulate_f32(const float* p, const float* v, size_t n, size_t hd, float* out) {          \
+    for (size_t t = 0; t < n; ++t) AXPY_F32(p[t], v + t * hd, out, hd);                           \
+  }                                                                                               \
+  void accumulate_f16(const float* p, const uint16_t* v, size_t n, size_t hd, float* out) {       \
+    for (size_t t = 0; t < n; ++t) AXPY_F16(p[t], v + t * hd, out, hd);                           \
+  }
 
 const KernelTable& scalar_kernels();
 // Null when the compiler cannot target the instruction set.

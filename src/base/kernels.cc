@@ -140,4 +140,22 @@ void axpy_f16(float alpha, const uint16_t* x, float* y, size_t n) {
   table().axpy_f16(alpha, x, y, n);
 }
 
+void attention_scores(DType kv, const float* q, const void* k, size_t n, size_t hd, float scale,
+                      float* out) {
+  if (kv == DType::F16) {
+    table().scores_f16(q, static_cast<const uint16_t*>(k), n, hd, scale, out);
+  } else {
+    table().scores_f32(q, static_cast<const float*>(k), n, hd, scale, out);
+  }
+}
+
+void attention_accumulate(DType kv, const float* p, const void* v, size_t n, size_t hd,
+                          float* out) {
+  if (kv == DType::F16) {
+    table().accumulate_f16(p, static_cast<const uint16_t*>(v), n, hd, out);
+  } else {
+    table().accumulate_f32(p, static_cast<const float*>(v), n, hd, out);
+  }
+}
+
 }  // namespace kvc::kernels

@@ -46,4 +46,10 @@ void axpy_f32(float alpha, const float* x, float* y, size_t n);
 // y += alpha * x where x holds n f16 values.
 void axpy_f16(float alpha, const uint16_t* x, float* y, size_t n);
 
+// out[t] = dot(q, k_t) * scale for n key rows k_t = k + t * hd of type kv (f32 or f16).
+void attention_scores(DType kv, const float* q, const void* k, size_t n, size_t hd, float scale,
+                      float* out);
+// out += p[t] * v_t for t = 0..n-1 in order, for n value rows v_t = v + t * hd of type kv.
+void attention_accumulate(DType kv, const float* p, const void* v, size_t n, size_t hd, float* out);
+
 }  // namespace kvc::kernels

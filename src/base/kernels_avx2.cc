@@ -147,6 +147,8 @@ float dot_w_q4_0(const void* w, const void* x, size_t n) {
   return hsum(acc);
 }
 
+KVC_ATTENTION_LOOPS(dot_f32_avx2, dot_f16_f32_avx2, axpy_f32_avx2, axpy_f16_avx2)
+
 }  // namespace
 
 const KernelTable* avx2_kernels() {
@@ -156,6 +158,10 @@ const KernelTable* avx2_kernels() {
       dot_f16_f32_avx2,
       axpy_f32_avx2,
       axpy_f16_avx2,
+      scores_f32,
+      scores_f16,
+      accumulate_f32,
+      accumulate_f16,
   };
   return &table;
 }

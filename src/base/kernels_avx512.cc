@@ -204,6 +204,8 @@ float dot_w_q4_0(const void* w, const void* x, size_t n) {
   return sum;
 }
 
+KVC_ATTENTION_LOOPS(dot_f32_avx512, dot_f16_f32_avx512, axpy_f32_avx512, axpy_f16_avx512)
+
 }  // namespace
 
 const KernelTable* avx512_kernels() {
@@ -213,6 +215,10 @@ const KernelTable* avx512_kernels() {
       dot_f16_f32_avx512,
       axpy_f32_avx512,
       axpy_f16_avx512,
+      scores_f32,
+      scores_f16,
+      accumulate_f32,
+      accumulate_f16,
   };
   return &table;
 }

@@ -69,6 +69,8 @@ float dot_w_q4_0(const void* w, const void* x, size_t n) {
   return sum;
 }
 
+KVC_ATTENTION_LOOPS(dot_f32_scalar, dot_f16_f32_scalar, axpy_f32_scalar, axpy_f16_scalar)
+
 }  // namespace
 
 const KernelTable& scalar_kernels() {
@@ -78,6 +80,10 @@ const KernelTable& scalar_kernels() {
       dot_f16_f32_scalar,
       axpy_f32_scalar,
       axpy_f16_scalar,
+      scores_f32,
+      scores_f16,
+      accumulate_f32,
+      accumulate_f16,
   };
   return table;
 }

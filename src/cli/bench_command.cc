@@ -4,6 +4,7 @@
 #include "base/error.h"
 #include "bench/cache_bench.h"
 #include "bench/decode_bench.h"
+#include "bench/workload_bench.h"
 #include "cli/commands.h"
 #include "cli/model_source.h"
 
@@ -79,6 +80,36 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   shared_cmd->add_option("-t,--threads", shared->threads, "Threads")->capture_default_str();
   shared_cmd->callback([shared] { bench::run_shared_prefix_bench(*shared, std::cout); });
+
+  auto wl = std::make_shared<bench::WorkloadBenchOptions>();
+  auto wl_preset = std::make_shared<std::string>();
+  CLI::App* wl_cmd = cmd->add_subcommand(
+      "workload",
+      "Serving workloads through the engine, prefix cache on vs off: TTFT p50/p99 "
+      "and throughput ratios");
+  wl_cmd->add_option("-m,--model", wl->model_path, "GGUF model");
+  wl_cmd->add_option("--preset", *wl_preset, "Synthetic preset instead of -m (e.g. 110m)");
+  wl_cmd->add_option("--workloads", wl->workloads, "Which workloads")
+      ->delimiter(',')
+      ->capture_default_str();
+  wl_cmd->add_option("--users", wl->users, "Concurrent users")->capture_default_str();
+  wl_cmd->add_option("--system-prompt-tokens", wl->system_prompt_tokens, "Shared prefix")
+      ->capture_default_str();
+  wl_cmd->add_option("--output-tokens", wl->output_tokens, "Tokens per answer")
+      ->capture_default_str();
+  wl_cmd->add_option("--sessions", wl->sessions, "Multi-turn sessions")->capture_default_str();
+  wl_cmd->add_option("--turns", wl->turns, "Turns per session")->capture_default_str();
+  wl_cmd->add_option("-t,--threads", wl->threads, "Threads")->capture_default_str();
+  wl_cmd->add_option("--seed", wl->seed, "Workload seed")->capture_default_str();
+  wl_cmd->add_flag("--json", wl->json, "One JSON object per workload");
+  wl_cmd->callback([wl, wl_preset] {
+    if (wl->model_path.empty() == wl_preset->empty()) fail("give exactly one of -m and --preset");
+    if (!wl_preset->empty()) wl->model_path = ensure_synthetic_model(*wl_preset, DType::F32);
+    if (wl->users < 1 || wl->sessions < 1 || wl->turns < 1 || wl->output_tokens < 1) {
+      fail("users, sessions, turns and output tokens must be positive");
+    }
+    bench::run_workload_bench(*wl, std::cout);
+  });
 }
 
 }  // namespace kvc::cli

@@ -246,18 +246,38 @@ void Engine::admit() {
     }
     return a->id < b->id;
   });
-  while (!waiting_.empty() && running_.size() < static_cast<size_t>(options_.max_running)) {
-    Sequence& s = *waiting_.front();
+  for (auto it = waiting_.begin();
+       it != waiting_.end() && running_.size() < static_cast<size_t>(options_.max_running);) {
+    Sequence& s = **it;
+    if (shares_pending_prefill(s)) {
+      ++it;  // wait until the running request has sealed the shared blocks, then share them
+      continue;
+    }
     if (!fits(s)) break;
     start(s);
     for (auto& other : waiting_) {
       if (other->id < s.id) ++other->passed_over;
     }
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+    running_.push_back(std::move(*it));
+    it = waiting_.erase(it);
     std::lock_guard lock(intake_mu_);
     --queued_;
   }
+}
+
+bool Engine::shares_pending_prefill(const Sequence& s) const {
+  if (!index_->enabled()) return false;
+  const size_t block = pool_->geometry().block_tokens;
+  const size_t cached = index_->explain(s.req.ns, s.tokens, s.tokens.size() - 1).cached_tokens;
+  for (const auto& r : running_) {
+    if (r->done || r->preempted || r->req.ns != s.req.ns) continue;
+    if (r->tokens.size() - r->written <= 1) continue;  // decoding: its prompt is sealed already
+    const size_t n = std::min({s.tokens.size() - 1, r->tokens.size()});
+    size_t common = 0;
+    while (common < n && s.tokens[common] == r->tokens[common]) ++common;
+    if (common >= cached + block) return true;
+  }
+  return false;
 }
 
 Engine::Sequence* Engine::pick_victim(const Sequence& requester) {

@@ -119,6 +119,9 @@ class Engine {
   void intake();
   void admit();
   bool fits(const Sequence& s) const;
+  // Whether a running request is still prefilling at least one more block that s shares
+  // (admitting s now would compute those keys and values twice).
+  bool shares_pending_prefill(const Sequence& s) const;
   void start(Sequence& s);
   bool make_room(Sequence& s, size_t tokens);
   Sequence* pick_victim(const Sequence& requester);
@@ -148,7 +151,7 @@ class Engine {
   mutable std::mutex intake_mu_;
   std::condition_variable intake_cv_;
   std::vector<std::unique_ptr<Sequence>> incoming_;
-  size_t queued_ = 0;  // incoming + waiting, for the overload check
+  size_t queued_ = 0;                     // incoming + waiting, for the overload check
   std::atomic<size_t> running_count_{0};  // running_.size(), readable without state_mu_
   bool accepting_ = true;
   bool stop_ = false;

@@ -103,7 +103,6 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
   const int hd = c.head_dim;
   const int group = c.n_heads / c.n_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const bool f16 = g.dtype == DType::F16;
   const size_t tasks = rows.size() * c.n_heads;
   size_t max_pos = 0;
   for (const BatchRow& row : rows) max_pos = std::max<size_t>(max_pos, row.pos);
@@ -122,13 +121,14 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
           float* out = s.attn.data() + r * c.q_dim() + static_cast<size_t>(h) * hd;
           const size_t n_pos = static_cast<size_t>(row.pos) + 1;
           scores.resize(n_pos);
-          // Scores in position order; the softmax and the weighted sum below keep that order.
-          for (size_t t = 0; t < n_pos; ++t) {
-            const uint8_t* block = pool.data(row.table->block_of(t));
-            const uint8_t* key = block + g.offset(layer, 0, kvh, row.table->slot_of(t));
-            scores[t] = (f16 ? kernels::dot_f16_f32(reinterpret_cast<const uint16_t*>(key), q, hd)
-                             : kernels::dot_f32(reinterpret_cast<const float*>(key), q, hd)) *
-                        scale;
+          const int bt = g.block_tokens;
+          // Keys and values of one (layer, kv head) sit contiguously within each block: score and
+          // accumulate a block's run of positions at a time, in position order.
+          for (size_t t0 = 0; t0 < n_pos; t0 += bt) {
+            const size_t n = std::min<size_t>(bt, n_pos - t0);
+            const uint8_t* block = pool.data(row.table->block_of(t0));
+            kernels::attention_scores(g.dtype, q, block + g.offset(layer, 0, kvh, 0), n, hd, scale,
+                                      scores.data() + t0);
           }
           float max = scores[0];
           for (size_t t = 1; t < n_pos; ++t) max = std::max(max, scores[t]);
@@ -138,14 +138,11 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
             sum += scores[t];
           }
           std::fill(out, out + hd, 0.0f);
-          for (size_t t = 0; t < n_pos; ++t) {
-            const uint8_t* block = pool.data(row.table->block_of(t));
-            const uint8_t* value = block + g.offset(layer, 1, kvh, row.table->slot_of(t));
-            if (f16) {
-              kernels::axpy_f16(scores[t], reinterpret_cast<const uint16_t*>(value), out, hd);
-            } else {
-              kernels::axpy_f32(scores[t], reinterpret_cast<const float*>(value), out, hd);
-            }
+          for (size_t t0 = 0; t0 < n_pos; t0 += bt) {
+            const size_t n = std::min<size_t>(bt, n_pos - t0);
+            const uint8_t* block = pool.data(row.table->block_of(t0));
+            kernels::attention_accumulate(g.dtype, scores.data() + t0,
+                                          block + g.offset(layer, 1, kvh, 0), n, hd, out);
           }
           const float inv = 1.0f / sum;
           for (int i = 0; i < hd; ++i) out[i] *= inv;
