@@ -49,13 +49,33 @@ std::string MissReason::to_string(double now_ms) const {
   }
 }
 
+namespace {
+// Orders children by their token ids and lets lookups use a span of the prompt directly, so
+// a match allocates nothing per block.
+struct TokensLess {
+  using is_transparent = void;
+  static bool less(std::span<const int32_t> a, std::span<const int32_t> b) {
+    return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end());
+  }
+  bool operator()(const std::vector<int32_t>& a, const std::vector<int32_t>& b) const {
+    return less(a, b);
+  }
+  bool operator()(std::span<const int32_t> a, const std::vector<int32_t>& b) const {
+    return less(a, b);
+  }
+  bool operator()(const std::vector<int32_t>& a, std::span<const int32_t> b) const {
+    return less(a, b);
+  }
+};
+}  // namespace
+
 struct PrefixIndex::Node {
   Node* parent = nullptr;
   Space* space = nullptr;
   std::vector<int32_t> tokens;  // this node's key under its parent: a block's token ids
   BlockId block = -1;
   Hash256 hash{};
-  std::map<std::vector<int32_t>, std::unique_ptr<Node>> children;
+  std::map<std::vector<int32_t>, std::unique_ptr<Node>, TokensLess> children;
   uint64_t last_access = 0;
   double pinned_until = 0;
   bool in_lru = false;
@@ -138,8 +158,7 @@ PrefixIndex::Walk PrefixIndex::walk(const Hash256& ns, std::span<const int32_t> 
   const Node* node = &w.space->root;
   size_t pos = 0;
   while (pos + block <= limit) {
-    const std::vector<int32_t> key(tokens.begin() + pos, tokens.begin() + pos + block);
-    auto it = node->children.find(key);
+    auto it = node->children.find(tokens.subspan(pos, block));
     if (it == node->children.end() || it->second->partial) break;
     node = it->second.get();
     w.path.push_back(it->second.get());
@@ -151,8 +170,7 @@ PrefixIndex::Walk PrefixIndex::walk(const Hash256& ns, std::span<const int32_t> 
   // The child sharing the longest run with the next tokens sits next to where those tokens
   // would be inserted in the lexicographically ordered children.
   const std::span<const int32_t> rest = tokens.subspan(pos, std::min(block, limit - pos));
-  const std::vector<int32_t> rest_key(rest.begin(), rest.end());
-  auto it = node->children.lower_bound(rest_key);
+  auto it = node->children.lower_bound(rest);
   for (auto candidate : {it, it == node->children.begin() ? node->children.end() : std::prev(it)}) {
     if (candidate == node->children.end()) continue;
     const size_t run = common_prefix(candidate->second->tokens, rest);
@@ -273,7 +291,7 @@ void PrefixIndex::insert(const Hash256& ns, std::span<const int32_t> tokens, siz
     const size_t begin = i * block;
     const size_t end = std::min(begin + block, n_tokens);
     if (end == begin || (end - begin < block && !include_partial)) return;
-    std::vector<int32_t> key(tokens.begin() + begin, tokens.begin() + end);
+    const std::span<const int32_t> key = tokens.subspan(begin, end - begin);
     auto it = node->children.find(key);
     if (it != node->children.end()) {  // already cached, perhaps in another block
       node = it->second.get();
@@ -290,7 +308,7 @@ void PrefixIndex::insert(const Hash256& ns, std::span<const int32_t> tokens, siz
       remember(chain_hash(ns, node->hash, key), MissKind::kQuota);
       return;
     }
-    node = add_child(sp, *node, std::move(key), b);
+    node = add_child(sp, *node, std::vector<int32_t>(key.begin(), key.end()), b);
     if (node->partial) return;
   }
 }
