@@ -1,5 +1,6 @@
 #include "kv/block_pool.h"
 
+#include <cassert>
 #include <cstring>
 
 #include "base/error.h"
@@ -40,6 +41,7 @@ std::optional<BlockId> BlockPool::allocate() {
   refs_[id] = 1;
   cacheable_[id] = 0;
   ++referenced_;
+  check_accounting();
   return id;
 }
 
@@ -52,6 +54,7 @@ void BlockPool::retain(BlockId id) {
     ++referenced_;
   }
   ++refs_[i];
+  check_accounting();
 }
 
 void BlockPool::release(BlockId id) {
@@ -66,6 +69,7 @@ void BlockPool::release(BlockId id) {
     states_[i] = BlockState::kFree;
     free_list_.push_back(id);
   }
+  check_accounting();
 }
 
 void BlockPool::set_cacheable(BlockId id, bool cacheable) {
@@ -79,6 +83,7 @@ void BlockPool::free_cached(BlockId id) {
   cacheable_[i] = 0;
   --cached_;
   free_list_.push_back(id);
+  check_accounting();
 }
 
 void BlockPool::copy_tokens(BlockId src, BlockId dst, int n_tokens) {
@@ -97,6 +102,10 @@ void BlockPool::copy_tokens(BlockId src, BlockId dst, int n_tokens) {
       }
     }
   }
+}
+
+void BlockPool::check_accounting() const {
+  assert(free_list_.size() + referenced_ + cached_ == states_.size());
 }
 
 PoolCounts BlockPool::counts() const {

@@ -68,6 +68,8 @@ class BlockPool {
 
  private:
   size_t check(BlockId id) const;
+  // Debug builds verify free + cached + referenced == total after every state change.
+  void check_accounting() const;
 
   KvGeometry geometry_;
   AlignedBuffer<uint8_t> arena_;
