@@ -304,7 +304,7 @@ void PrefixIndex::insert(const Hash256& ns, std::span<const int32_t> tokens, siz
     }
     const BlockId b = table.blocks()[i];
     if (node_of_block_[b] != nullptr) return;  // the block is indexed under other tokens
-    if (!make_room(sp)) {
+    if (!make_room(sp, node)) {
       remember(chain_hash(ns, node->hash, key), MissKind::kQuota);
       return;
     }
@@ -313,11 +313,12 @@ void PrefixIndex::insert(const Hash256& ns, std::span<const int32_t> tokens, siz
   }
 }
 
-bool PrefixIndex::make_room(Space& sp) {
-  if (sp.quota == 0 || sp.blocks < sp.quota) return true;
-  Node* victim = oldest_evictable(&sp, false);
-  if (victim == nullptr) return false;
-  remove_leaf(victim, MissKind::kQuota);
+bool PrefixIndex::make_room(Space& sp, const Node* keep) {
+  while (sp.quota != 0 && sp.blocks >= sp.quota) {
+    Node* victim = oldest_evictable(&sp, false, keep);
+    if (victim == nullptr) return false;
+    remove_leaf(victim, MissKind::kQuota);
+  }
   return true;
 }
 
@@ -326,9 +327,10 @@ bool PrefixIndex::evictable(const Node& n, bool ignore_pins) const {
          (ignore_pins || n.pinned_until <= clock_());
 }
 
-PrefixIndex::Node* PrefixIndex::oldest_evictable(const Space* only, bool ignore_pins) const {
+PrefixIndex::Node* PrefixIndex::oldest_evictable(const Space* only, bool ignore_pins,
+                                                 const Node* keep) const {
   for (const auto& [access, n] : lru_) {
-    if ((only == nullptr || n->space == only) && evictable(*n, ignore_pins)) return n;
+    if (n != keep && (only == nullptr || n->space == only) && evictable(*n, ignore_pins)) return n;
   }
   return nullptr;
 }
@@ -390,11 +392,15 @@ void PrefixIndex::lru_remove(Node* n) {
 
 void PrefixIndex::remember(const Hash256& hash, MissKind kind) {
   if (options_.ledger_capacity == 0) return;
-  auto [it, fresh] = ledger_.insert_or_assign(hash, LedgerEntry{kind, clock_()});
-  if (!fresh) return;
-  ledger_order_.push_back(hash);
+  const uint64_t stamp = ++ledger_stamp_;
+  ledger_.insert_or_assign(hash, LedgerEntry{kind, clock_(), stamp});
+  ledger_order_.emplace_back(hash, stamp);
+  // An order entry whose hash was re-inserted or re-remembered since is stale: expiring it
+  // must not drop the newer record.
   while (ledger_order_.size() > options_.ledger_capacity) {
-    ledger_.erase(ledger_order_.front());
+    const auto& [old, old_stamp] = ledger_order_.front();
+    auto it = ledger_.find(old);
+    if (it != ledger_.end() && it->second.stamp == old_stamp) ledger_.erase(it);
     ledger_order_.pop_front();
   }
 }

@@ -132,15 +132,18 @@ class PrefixIndex {
   struct LedgerEntry {
     MissKind kind;
     double at_ms;
+    uint64_t stamp;  // matches the ledger_order_ entry that may expire it
   };
 
   Walk walk(const Hash256& ns, std::span<const int32_t> tokens, size_t limit) const;
   Space& space(const Hash256& ns);
   const Space* find_space(const Hash256& ns) const;
   Node* add_child(Space& sp, Node& parent, std::vector<int32_t> key, BlockId block);
-  bool make_room(Space& sp);
+  // Evicts the namespace's oldest leaves until it is under its quota, never `keep` (the node
+  // an insert is about to extend); false when it cannot get there.
+  bool make_room(Space& sp, const Node* keep);
   bool evictable(const Node& n, bool ignore_pins) const;
-  Node* oldest_evictable(const Space* only, bool ignore_pins) const;
+  Node* oldest_evictable(const Space* only, bool ignore_pins, const Node* keep = nullptr) const;
   void remove_leaf(Node* n, MissKind why);
   void touch(Node* n);
   void lru_add(Node* n);
@@ -155,7 +158,8 @@ class PrefixIndex {
   std::set<std::pair<uint64_t, Node*>> lru_;  // leaves (not roots), by last access
   std::vector<Node*> node_of_block_;
   std::unordered_map<Hash256, LedgerEntry, HashKey> ledger_;
-  std::deque<Hash256> ledger_order_;
+  std::deque<std::pair<Hash256, uint64_t>> ledger_order_;
+  uint64_t ledger_stamp_ = 0;
   PrefixIndexStats stats_;
 };
 
