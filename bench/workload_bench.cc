@@ -147,28 +147,27 @@ std::vector<Tokens> prompts_for(const Context& c, const std::string& workload) {
   const int n_vocab = c.model.config().n_vocab;
   model::Rng rng(c.o.seed);
   std::vector<Tokens> prompts;
-  if (workload == "shared-system-prompt") {
-    Tokens system = {1};
-    const auto body = random_tokens(rng, n_vocab, c.o.system_prompt_tokens - 1);
-    system.insert(system.end(), body.begin(), body.end());
+  // One prompt per user: the shared prefix, then the user's own question.
+  const auto per_user = [&](const Tokens& prefix) {
     for (int u = 0; u < c.o.users; ++u) {
-      Tokens p = system;
+      Tokens p = prefix;
       const auto q = random_tokens(rng, n_vocab, c.o.question_tokens);
       p.insert(p.end(), q.begin(), q.end());
       prompts.push_back(std::move(p));
     }
+  };
+  if (workload == "shared-system-prompt") {
+    Tokens system = {1};
+    const auto body = random_tokens(rng, n_vocab, c.o.system_prompt_tokens - 1);
+    system.insert(system.end(), body.begin(), body.end());
+    per_user(system);
   } else if (workload == "few-shot") {
     Tokens examples = {1};
     for (int e = 0; e < 5; ++e) {
       const auto ex = random_tokens(rng, n_vocab, 80);
       examples.insert(examples.end(), ex.begin(), ex.end());
     }
-    for (int u = 0; u < c.o.users; ++u) {
-      Tokens p = examples;
-      const auto q = random_tokens(rng, n_vocab, c.o.question_tokens);
-      p.insert(p.end(), q.begin(), q.end());
-      prompts.push_back(std::move(p));
-    }
+    per_user(examples);
   } else if (workload == "no-sharing") {
     for (int u = 0; u < c.o.users; ++u) {
       Tokens p = {1};

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "base/strings.h"
 
 namespace kvc {
 
@@ -13,18 +14,6 @@ namespace {
 
 using Wide = unsigned __int128;
 constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
 
 std::optional<uint64_t> unit_multiplier(const std::string& unit) {
   static const std::pair<const char*, uint64_t> kUnits[] = {
@@ -78,7 +67,7 @@ uint64_t parse_byte_size(std::string_view text, std::string_view what) {
     }
   }
   if (digits == 0) bad();
-  const auto mult = unit_multiplier(lower(trim(s.substr(i))));
+  const auto mult = unit_multiplier(to_lower(trim(s.substr(i))));
   if (!mult) bad();
   const Wide bytes = whole * *mult + fraction * *mult / scale;
   if (bytes > kMax) fail("{}: size '{}' is too large", what, text);

@@ -200,17 +200,20 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
     }
   }
 
-  const size_t elementwise_grain = std::max<size_t>(1, (1 << 14) / d);
-  for (int l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& w = layers_[l];
+  // xb = RMSNorm(x) * weight, row by row.
+  const auto norm_rows = [&](const std::vector<float>& weight) {
     threads.parallel_for(
         n,
         [&](size_t b, size_t e) {
           for (size_t r = b; r < e; ++r) {
-            rms_norm(&s.x[r * d], w.attn_norm.data(), &s.xb[r * d], d, c.rms_eps);
+            rms_norm(&s.x[r * d], weight.data(), &s.xb[r * d], d, c.rms_eps);
           }
         },
-        elementwise_grain);
+        std::max<size_t>(1, (1 << 14) / d));
+  };
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& w = layers_[l];
+    norm_rows(w.attn_norm);
     matmul(threads, w.wq, s.xb.data(), n, s.q.data(), s.activations);
     matmul(threads, w.wk, s.xb.data(), n, s.k.data(), s.activations);
     matmul(threads, w.wv, s.xb.data(), n, s.v.data(), s.activations);
@@ -231,14 +234,7 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
     attention(threads, pool, rows, l, s);
     matmul(threads, w.wo, s.attn.data(), n, s.xb.data(), s.activations);
     for (size_t i = 0; i < n * d; ++i) s.x[i] += s.xb[i];
-    threads.parallel_for(
-        n,
-        [&](size_t b, size_t e) {
-          for (size_t r = b; r < e; ++r) {
-            rms_norm(&s.x[r * d], w.ffn_norm.data(), &s.xb[r * d], d, c.rms_eps);
-          }
-        },
-        elementwise_grain);
+    norm_rows(w.ffn_norm);
     matmul(threads, w.w_gate, s.xb.data(), n, s.gate.data(), s.activations);
     matmul(threads, w.w_up, s.xb.data(), n, s.up.data(), s.activations);
     threads.parallel_for(

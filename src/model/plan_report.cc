@@ -14,25 +14,13 @@
 
 #include "base/byte_size.h"
 #include "base/error.h"
+#include "base/strings.h"
 
 namespace kvc::model {
 
 namespace {
 
-using Wide = unsigned __int128;
 constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
 
 // ---- table ----
 
@@ -149,7 +137,7 @@ std::vector<uint64_t> parse_count_list(const std::vector<std::string>& items,
 }
 
 DType parse_kv_dtype(std::string_view name) {
-  const std::string n = lower(trim(name));
+  const std::string n = to_lower(trim(name));
   if (n == "int8" || n == "q8") return DType::Q8_0;
   if (n == "int4" || n == "q4") return DType::Q4_0;
   if (const auto t = parse_dtype(n)) return *t;
@@ -198,7 +186,7 @@ Plan make_plan(const PlanArgs& args) {
           "--weights-dtype applies to --config and --preset; a GGUF file's weights are the "
           "bytes it stores");
     }
-    weights_dtype = parse_dtype(lower(args.weights_dtype));
+    weights_dtype = parse_dtype(to_lower(args.weights_dtype));
     if (!weights_dtype) {
       fail("--weights-dtype: unknown dtype '{}'; use f32, f16, bf16, q8_0 or q4_0",
            args.weights_dtype);

@@ -1,0 +1,14 @@
+// Small text helpers shared by the command-line parsers.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace kvc {
+
+// s without leading and trailing ASCII white space.
+std::string_view trim(std::string_view s);
+// s with ASCII letters lower-cased.
+std::string to_lower(std::string_view s);
+
+}  // namespace kvc
