@@ -20,6 +20,7 @@ namespace kvc::model {
 
 namespace {
 
+using Wide = unsigned __int128;
 constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
 
 // ---- table ----
