@@ -19,7 +19,7 @@ struct WorkloadBenchOptions {
   int output_tokens = 16;
   int sessions = 4;  // multi-turn
   int turns = 5;
-  int turn_tokens = 48;  // new user tokens per turn
+  int turn_tokens = 24;  // new user tokens per turn
   int threads = 2;
   uint64_t seed = 1;
   bool json = false;

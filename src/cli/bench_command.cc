@@ -99,6 +99,10 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   wl_cmd->add_option("--sessions", wl->sessions, "Multi-turn sessions")->capture_default_str();
   wl_cmd->add_option("--turns", wl->turns, "Turns per session")->capture_default_str();
+  wl_cmd->add_option("--turn-tokens", wl->turn_tokens, "New user tokens per turn")
+      ->capture_default_str();
+  wl_cmd->add_option("--question-tokens", wl->question_tokens, "Tokens of each user's question")
+      ->capture_default_str();
   wl_cmd->add_option("-t,--threads", wl->threads, "Threads")->capture_default_str();
   wl_cmd->add_option("--seed", wl->seed, "Workload seed")->capture_default_str();
   wl_cmd->add_flag("--json", wl->json, "One JSON object per workload");
