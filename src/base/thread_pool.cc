@@ -7,14 +7,32 @@
 namespace kvc {
 
 namespace {
-// Workers spin this many polls before sleeping: a decode step issues hundreds of short
-// parallel regions, and a futex wake-up per region would cost more than the work.
-constexpr int kSpinPolls = 1 << 16;
+// A decode step issues hundreds of short parallel regions, and a futex wake-up per region
+// would cost more than the work, so waiters first spin briefly, then yield the core (so that
+// on an oversubscribed machine the thread being waited for can run), then sleep.
+constexpr int kSpinPolls = 1 << 12;
+constexpr int kYieldPolls = 1 << 8;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #endif
+}
+
+// Polls load() until it differs from `from`, spinning then yielding; returns the last value
+// read (equal to `from` when the caller should block).
+template <typename Load, typename T>
+T poll_while_equal(const Load& load, T from) {
+  T v = load();
+  for (int i = 0; v == from && i < kSpinPolls; ++i) {
+    cpu_relax();
+    v = load();
+  }
+  for (int i = 0; v == from && i < kYieldPolls; ++i) {
+    std::this_thread::yield();
+    v = load();
+  }
+  return v;
 }
 }  // namespace
 
@@ -34,11 +52,8 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {
-    uint64_t g = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; g == seen && spin < kSpinPolls; ++spin) {
-      cpu_relax();
-      g = generation_.load(std::memory_order_acquire);
-    }
+    uint64_t g =
+        poll_while_equal([&] { return generation_.load(std::memory_order_acquire); }, seen);
     while (g == seen) {
       generation_.wait(seen);
       g = generation_.load(std::memory_order_acquire);
@@ -61,11 +76,9 @@ void ThreadPool::run(const std::function<void(int)>& fn) {
   generation_.notify_all();
   fn(0);
   int left = pending_.load(std::memory_order_acquire);
-  for (int spin = 0; left != 0 && spin < kSpinPolls; ++spin) {
-    cpu_relax();
-    left = pending_.load(std::memory_order_acquire);
-  }
   while (left != 0) {
+    left = poll_while_equal([&] { return pending_.load(std::memory_order_acquire); }, left);
+    if (left == 0) break;
     pending_.wait(left);
     left = pending_.load(std::memory_order_acquire);
   }

@@ -15,7 +15,7 @@ namespace kvc::model {
 const std::vector<SyntheticPreset>& synthetic_presets() {
   static const std::vector<SyntheticPreset> presets = {
       {"tiny", 512, 64, 192, 2, 4, 2, 512, 10000.0f, true},
-      {"110m", 32000, 768, 2048, 12, 12, 12, 1024, 10000.0f, false},
+      {"110m", 32000, 768, 2048, 12, 12, 12, 2048, 10000.0f, false},
       {"tinyllama-1.1b", 32000, 2048, 5632, 22, 32, 4, 2048, 10000.0f, false},
       {"llama3-8b", 128256, 4096, 14336, 32, 32, 8, 8192, 500000.0f, false},
   };
