@@ -16,6 +16,15 @@ double ms_since(std::chrono::steady_clock::time_point t) {
 Generator::Generator(const model::LlamaModel& model, kv::BlockPool& pool, ThreadPool& threads)
     : model_(model), pool_(pool), threads_(threads) {}
 
+void Generator::make_writable(kv::BlockTable& table, size_t pos) {
+  if (!table.ensure_writable(pos)) {
+    fail(
+        "KV cache full: no free block to copy a shared block into before writing position {} "
+        "(raise --kv-memory)",
+        pos);
+  }
+}
+
 void Generator::reserve(kv::BlockTable& table, size_t tokens) {
   if (!table.reserve(tokens)) {
     const auto& g = pool_.geometry();
@@ -80,7 +89,7 @@ GenerationStats Generator::generate(std::span<const int32_t> prompt,
   std::span<const float> logits;
   for (size_t start = stats.cached_tokens; start < prompt.size(); start += options.prefill_chunk) {
     const size_t end = std::min(prompt.size(), start + options.prefill_chunk);
-    if (!table.ensure_writable(start)) reserve(table, table.capacity_tokens() + block);
+    make_writable(table, start);
     std::vector<model::BatchRow> rows;
     for (size_t i = start; i < end; ++i) {
       rows.push_back({prompt[i], static_cast<int32_t>(i), &table, i + 1 == prompt.size()});
@@ -110,9 +119,7 @@ GenerationStats Generator::generate(std::span<const int32_t> prompt,
       break;
     }
     reserve(table, history.size());
-    if (!table.ensure_writable(written)) {
-      fail("KV cache full: no block free to copy a shared block before writing");
-    }
+    make_writable(table, written);
     const model::BatchRow row{token, static_cast<int32_t>(written), &table, true};
     logits = model_.forward(threads_, pool_, {&row, 1}, scratch_);
     ++written;

@@ -66,6 +66,7 @@ class Generator {
 
  private:
   void reserve(kv::BlockTable& table, size_t tokens);
+  void make_writable(kv::BlockTable& table, size_t pos);
 
   const model::LlamaModel& model_;
   kv::BlockPool& pool_;
