@@ -60,13 +60,14 @@ engine::EngineOptions engine_options(const Context& c, bool cache) {
   return e;
 }
 
-// Submits every prompt at once and waits for all.
-Measured run_batch(const Context& c, bool cache, const std::vector<Tokens>& prompts) {
+// Submits every prompt at once and waits for all. The warm-up request (a user who came
+// before) pages the weights in and, with the cache on, leaves whatever the workload shares
+// cached, as it is in a service that has been running.
+Measured run_batch(const Context& c, bool cache, const Tokens& warm_up,
+                   const std::vector<Tokens>& prompts) {
   engine::Engine engine(c.model, c.tokenizer, engine_options(c, cache));
   const kv::Hash256 ns = engine.namespace_for("");
-  // One warm-up request (the first user's prompt) pages the weights in and, with the cache
-  // on, leaves the shared prefix cached, as it is in a service that has been running.
-  engine.submit(make_request(prompts.front(), 1, ns))->wait_text();
+  engine.submit(make_request(warm_up, 1, ns))->wait_text();
   const auto start = Clock::now();
   std::vector<std::shared_ptr<engine::RequestHandle>> handles;
   for (const auto& p : prompts)
@@ -144,13 +145,15 @@ Measured run_multi_turn(const Context& c, bool cache) {
   return m;
 }
 
+// The workload's prompts, then one more for the warm-up: another user of the same shared
+// prefix, or for no-sharing an unrelated prompt.
 std::vector<Tokens> prompts_for(const Context& c, const std::string& workload) {
   const int n_vocab = c.model.config().n_vocab;
   model::Rng rng(c.o.seed);
   std::vector<Tokens> prompts;
   // One prompt per user: the shared prefix, then the user's own question.
   const auto per_user = [&](const Tokens& prefix) {
-    for (int u = 0; u < c.o.users; ++u) {
+    for (int u = 0; u <= c.o.users; ++u) {
       Tokens p = prefix;
       const auto q = random_tokens(rng, n_vocab, c.o.question_tokens);
       p.insert(p.end(), q.begin(), q.end());
@@ -170,7 +173,7 @@ std::vector<Tokens> prompts_for(const Context& c, const std::string& workload) {
     }
     per_user(examples);
   } else if (workload == "no-sharing") {
-    for (int u = 0; u < c.o.users; ++u) {
+    for (int u = 0; u <= c.o.users; ++u) {
       Tokens p = {1};
       const auto body = random_tokens(rng, n_vocab, 400);
       p.insert(p.end(), body.begin(), body.end());
@@ -209,9 +212,11 @@ void run_workload_bench(const WorkloadBenchOptions& o, std::ostream& out) {
       on = run_multi_turn(c, true);
       off = run_multi_turn(c, false);
     } else {
-      const auto prompts = prompts_for(c, w);
-      on = run_batch(c, true, prompts);
-      off = run_batch(c, false, prompts);
+      auto prompts = prompts_for(c, w);
+      const Tokens warm_up = prompts.back();
+      prompts.pop_back();
+      on = run_batch(c, true, warm_up, prompts);
+      off = run_batch(c, false, warm_up, prompts);
     }
     if (o.json) {
       const auto side = [&](const Measured& m) {
