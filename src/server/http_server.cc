@@ -311,8 +311,11 @@ HttpServer::HttpServer(ServerOptions options)
         }
         send_error(res, ApiError(500, "server_error", what));
       });
-  svr_->set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    count_response(res.status);
+  // Counted before the response is written (every response passes here, routed or not), so
+  // that a client that has its answer also finds it counted in /metrics.
+  svr_->set_post_routing_handler(
+      [this](const httplib::Request&, httplib::Response& res) { count_response(res.status); });
+  svr_->set_logger([](const httplib::Request& req, const httplib::Response& res) {
     spdlog::debug("{} {} -> {}", req.method, req.path, res.status);
   });
   routes();
