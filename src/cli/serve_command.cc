@@ -57,6 +57,8 @@ void serve(const ServeArgs& a) {
   }
   if (a.port < 0 || a.port > 65535) fail("--port must be 0 to 65535, got {}", a.port);
   if (a.drain_seconds < 0) fail("--drain-seconds must be >= 0, got {}", a.drain_seconds);
+  // The queue counts a request from its submission, so 0 would refuse every request.
+  if (a.max_waiting < 1) fail("--max-waiting must be >= 1, got {}", a.max_waiting);
   server::ServerOptions options;
   options.host = a.host;
   options.port = a.port;
@@ -120,6 +122,12 @@ void serve(const ServeArgs& a) {
   backend.chat_template = chat_template;
   backend.model_id = std::filesystem::path(path).stem().string();
   http.set_ready(backend);
+  // The server uses the engine until it has shut down, so it stops before the engine goes,
+  // however this scope ends.
+  struct StopServerFirst {
+    server::HttpServer& http;
+    ~StopServerFirst() { http.shutdown(0); }
+  } stop_server_first{http};
   spdlog::info("ready: serving {} on http://{}:{}", backend.model_id, a.host, port);
 
   int signal = 0;

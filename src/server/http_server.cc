@@ -475,6 +475,8 @@ kv::Hash256 HttpServer::namespace_of(const std::string& tenant, const std::strin
   std::string salt = options_.api_keys ? tenant : "";
   if (!cache_salt.empty()) salt += "\n" + cache_salt;
   const kv::Hash256 ns = backend().engine->namespace_for(salt);
+  // One entry per namespace a tenant used: its own, and one per distinct cache_salt, as the
+  // prefix index itself keeps one per namespace.
   std::lock_guard lock(tenants_mu_);
   tenant_namespaces_[tenant].insert(ns);
   return ns;
@@ -554,6 +556,10 @@ void HttpServer::completions(const httplib::Request& req, httplib::Response& res
 
   const kv::Hash256 ns = namespace_of(tenant.name, r.cache_salt);
   const uint64_t seed = r.seed ? *r.seed : random_seed();
+  // Without max_tokens a chat reply may run to the end of the context, or of what the KV pool
+  // holds when that is less, so that leaving it out is never refused as too large.
+  const size_t pool_tokens = engine.pool().num_blocks() * engine.pool().geometry().block_tokens;
+  const size_t room = std::min(context, pool_tokens);
   std::vector<engine::Request> requests;
   for (const auto& prompt : prompts) {
     for (int j = 0; j < r.n; ++j) {
@@ -566,9 +572,14 @@ void HttpServer::completions(const httplib::Request& req, httplib::Response& res
       q.sampling.repeat_penalty = r.repetition_penalty;
       // Samples of one call differ by seed; the prefix cache lets them share the prompt.
       q.sampling.seed = seed + requests.size();
-      // OpenAI's defaults: 16 tokens for completions, the rest of the context for chat.
-      q.max_tokens =
-          r.max_tokens ? *r.max_tokens : (chat ? static_cast<int>(context - prompt.size()) : 16);
+      // OpenAI's defaults: 16 tokens for completions, the rest of the room for chat.
+      if (r.max_tokens) {
+        q.max_tokens = *r.max_tokens;
+      } else if (chat) {
+        q.max_tokens = room > prompt.size() + 1 ? static_cast<int>(room - prompt.size()) : 1;
+      } else {
+        q.max_tokens = 16;
+      }
       q.stop = stop;
       q.stop_tokens = stop_tokens;
       q.ignore_eos = r.ignore_eos;

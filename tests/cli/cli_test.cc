@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
-#include <regex>
 #include <thread>
 
 #include "test_models.h"
@@ -160,11 +159,12 @@ TEST(Cli, ServeAnswersHealthAndDrainsOnSigterm) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   // --port 0 takes any free port; the log says which.
   int port = 0;
-  const std::regex listening(R"(listening on http://127\.0\.0\.1:(\d+))");
+  const std::string listening = "listening on http://127.0.0.1:";
   while (port == 0 && std::chrono::steady_clock::now() < deadline) {
-    std::smatch m;
     const std::string log = slurp(err);
-    if (std::regex_search(log, m, listening)) port = std::stoi(m[1]);
+    if (const size_t at = log.find(listening); at != std::string::npos) {
+      port = std::atoi(log.c_str() + at + listening.size());
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ASSERT_GT(port, 0) << slurp(err);

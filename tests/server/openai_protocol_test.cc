@@ -222,8 +222,11 @@ TEST(PrometheusText, WritesFamiliesTheParserAccepts) {
   EXPECT_EQ(families.at("lat_seconds").samples.size(), 5u);
   EXPECT_NEAR(testing::prom_value(families, "lat_seconds_sum"), 0.0555, 1e-12);
   // The parser catches what a scraper would reject.
-  testing::parse_prometheus("# TYPE a counter\na 1\nb{x=1} 2\n", errors);
-  EXPECT_GE(errors.size(), 3u);
+  testing::parse_prometheus("# TYPE a counter\na 1\nb{x=1} 2\nc 3\n", errors);
+  EXPECT_THAT(errors, ::testing::Contains("a has no HELP"));
+  EXPECT_THAT(errors, ::testing::Contains("bad sample line: b{x=1} 2"));
+  EXPECT_THAT(errors, ::testing::Contains("sample c outside its family (after a)"));
+  EXPECT_THAT(errors, ::testing::Contains("c has no TYPE"));
 }
 
 }  // namespace

@@ -12,7 +12,6 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -210,12 +209,76 @@ struct PromFamily {
   std::vector<PromSample> samples;
 };
 
+namespace detail {
+
+inline bool name_start(char c, bool colon) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (colon && c == ':');
+}
+inline bool name_char(char c, bool colon) {
+  return name_start(c, colon) || (c >= '0' && c <= '9');
+}
+
+// Parses `name{label="value",...} value` into s; false when the line is malformed. Written out
+// rather than with std::regex, whose code trips false maybe-uninitialized warnings in GCC 12
+// under the sanitizers.
+inline bool parse_sample_line(const std::string& line, PromSample& s) {
+  size_t i = 0;
+  if (i >= line.size() || !name_start(line[i], true)) return false;
+  while (i < line.size() && name_char(line[i], true)) ++i;
+  s.name = line.substr(0, i);
+  if (i < line.size() && line[i] == '{') {
+    ++i;
+    while (i < line.size() && line[i] != '}') {
+      const size_t k = i;
+      if (!name_start(line[i], false)) return false;
+      while (i < line.size() && name_char(line[i], false)) ++i;
+      const std::string key = line.substr(k, i - k);
+      if (line.compare(i, 2, "=\"") != 0) return false;
+      i += 2;
+      std::string value;
+      for (; i < line.size() && line[i] != '"'; ++i) {
+        if (line[i] == '\\') {
+          if (i + 1 >= line.size()) return false;
+          value += line[i];
+          ++i;
+        }
+        value += line[i];
+      }
+      if (i >= line.size()) return false;
+      ++i;  // the closing quote
+      s.labels[key] = value;
+      if (i < line.size() && line[i] == ',') ++i;
+    }
+    if (i >= line.size()) return false;
+    ++i;  // '}'
+  }
+  if (i >= line.size() || line[i] != ' ') return false;
+  const std::string v = line.substr(i + 1);
+  if (v.empty() || v.find(' ') != std::string::npos) return false;
+  if (v == "+Inf") {
+    s.value = INFINITY;
+  } else if (v == "-Inf") {
+    s.value = -INFINITY;
+  } else if (v == "NaN") {
+    s.value = NAN;
+  } else {
+    size_t used = 0;
+    try {
+      s.value = std::stod(v, &used);
+    } catch (...) {
+      return false;
+    }
+    if (used != v.size()) return false;
+  }
+  return true;
+}
+
+}  // namespace detail
+
 // Parses text into families; every problem found is appended to errors.
 inline std::map<std::string, PromFamily> parse_prometheus(const std::string& text,
                                                           std::vector<std::string>& errors) {
   std::map<std::string, PromFamily> families;
-  static const std::regex sample_re(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$)");
-  static const std::regex label_re(R"re(^([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"(,|$))re");
   std::istringstream in(text);
   std::string line;
   std::string current;
@@ -245,38 +308,10 @@ inline std::map<std::string, PromFamily> parse_prometheus(const std::string& tex
       continue;
     }
     if (line[0] == '#') continue;
-    std::smatch m;
-    if (!std::regex_match(line, m, sample_re)) {
+    PromSample s;
+    if (!detail::parse_sample_line(line, s)) {
       errors.push_back("bad sample line: " + line);
       continue;
-    }
-    PromSample s;
-    s.name = m[1];
-    std::string labels = m[3];
-    while (!labels.empty()) {
-      std::smatch lm;
-      if (!std::regex_search(labels, lm, label_re)) {
-        errors.push_back("bad labels: " + line);
-        break;
-      }
-      s.labels[lm[1]] = lm[2];
-      labels = lm.suffix();
-    }
-    const std::string v = m[4];
-    if (v == "+Inf") {
-      s.value = INFINITY;
-    } else if (v == "-Inf") {
-      s.value = -INFINITY;
-    } else if (v == "NaN") {
-      s.value = NAN;
-    } else {
-      size_t used = 0;
-      try {
-        s.value = std::stod(v, &used);
-      } catch (...) {
-        used = 0;
-      }
-      if (used != v.size()) errors.push_back("bad value: " + line);
     }
     // A sample belongs to the family announced last; histogram samples add a suffix.
     std::string family = s.name;
