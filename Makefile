@@ -1,5 +1,5 @@
 # The README's two commands:
-#   make run   installs dependencies, builds, and runs kvcache on the embedded default model
+#   make run   installs dependencies, builds, and serves the embedded default model on 127.0.0.1:8080
 #   make test  installs dependencies, builds, and runs every test
 .PHONY: all setup build run test test-asan fuzz bench format clean
 
@@ -21,7 +21,7 @@ build: setup
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: build
-	$(KVCACHE) run $(ARGS)
+	$(KVCACHE) serve $(ARGS)
 
 test: build
 	KVCACHE_TEST_MODEL=$(abspath $(TEST_MODEL)) ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   // stdout carries the program's output (generated text, tables); logs go to stderr.
   spdlog::set_default_logger(spdlog::stderr_color_mt("kvcache"));
   spdlog::set_pattern("[%H:%M:%S.%e] %^%l%$ %v");
+  kvc::cli::add_serve_command(app);
   kvc::cli::add_run_command(app);
   kvc::cli::add_inspect_command(app);
   kvc::cli::add_make_model_command(app);

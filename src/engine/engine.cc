@@ -85,6 +85,13 @@ std::shared_ptr<RequestHandle> Engine::submit(Request request) {
                          fmt::format("token id {} is outside the vocabulary of {}", t, c.n_vocab));
     }
   }
+  for (int32_t t : request.stop_tokens) {
+    if (t < 0 || t >= c.n_vocab) {
+      throw RequestError(
+          RequestErrorKind::kInvalid,
+          fmt::format("stop token id {} is outside the vocabulary of {}", t, c.n_vocab));
+    }
+  }
   if (request.max_tokens < 1) {
     throw RequestError(RequestErrorKind::kInvalid,
                        fmt::format("max_tokens must be at least 1, got {}", request.max_tokens));
@@ -378,11 +385,13 @@ void Engine::after_row(Sequence& s, std::span<const float> logits) {
   }
   event.token = token;
   const bool eos = !s.req.ignore_eos && token == tokenizer_.eos_id();
-  if (!eos) event.text = s.stop->push(tokenizer_.piece(token));
+  const bool stop_token = std::find(s.req.stop_tokens.begin(), s.req.stop_tokens.end(), token) !=
+                          s.req.stop_tokens.end();
+  if (!eos && !stop_token) event.text = s.stop->push(tokenizer_.piece(token));
   s.handle->push(std::move(event));
   if (eos) {
     finish(s, "eos");
-  } else if (s.stop->stopped()) {
+  } else if (stop_token || s.stop->stopped()) {
     finish(s, "stop");
   } else if (s.stats.generated_tokens >= static_cast<size_t>(s.req.max_tokens)) {
     finish(s, "length");

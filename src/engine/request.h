@@ -22,6 +22,9 @@ struct Request {
   model::SamplingParams sampling;
   int max_tokens = 128;
   std::vector<std::string> stop;  // stop strings, matched across token boundaries
+  // Token ids that end the request as a stop string does, unshown (a chat template's
+  // end-of-turn token, which is not the vocabulary's EOS and decodes to no text).
+  std::vector<int32_t> stop_tokens;
   bool ignore_eos = false;
   int priority = 0;            // higher runs first and is preempted last
   kv::Hash256 ns{};            // cache namespace (model, dtype, block size, tenant, adapter)
@@ -51,7 +54,7 @@ struct RequestStats {
   double ttft_ms = 0;   // submission to first token
   double tpot_ms = 0;   // mean time per output token after the first
   double e2e_ms = 0;
-  // "length", "eos", "stop" (a stop string), "context", "cancelled" or "error".
+  // "length", "eos", "stop" (a stop string or stop token), "context", "cancelled" or "error".
   std::string finish_reason;
   std::string stop_string;  // the stop string that ended it, if any
 };

@@ -1,12 +1,18 @@
 // The `kvcache` program end to end: each subcommand run as a user runs it.
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <thread>
 
 #include "test_models.h"
 
@@ -132,6 +138,60 @@ TEST(Cli, BenchReportsDecodeAgainstBandwidth) {
   EXPECT_THAT(r.out, HasSubstr("memory read bandwidth"));
   EXPECT_THAT(r.out, HasSubstr("of limit"));
   EXPECT_THAT(r.out, ::testing::ContainsRegex("tiny +q8_0 +1 "));
+}
+
+TEST(Cli, ServeAnswersHealthAndDrainsOnSigterm) {
+  const std::string model = testing::synthetic_model_path("tiny", DType::F32);
+  const std::string err = (testing::scratch_dir() / "serve.stderr").string();
+  posix_spawn_file_actions_t files;
+  posix_spawn_file_actions_init(&files);
+  posix_spawn_file_actions_addopen(&files, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&files, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<std::string> args = {KVCACHE_BINARY,    "serve", "-m",        model,
+                                   "--port",          "0",     "--threads", "1",
+                                   "--drain-seconds", "5"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, KVCACHE_BINARY, &files, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&files);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  // --port 0 takes any free port; the log says which.
+  int port = 0;
+  const std::string listening = "listening on http://127.0.0.1:";
+  while (port == 0 && std::chrono::steady_clock::now() < deadline) {
+    const std::string log = slurp(err);
+    if (const size_t at = log.find(listening); at != std::string::npos) {
+      port = std::atoi(log.c_str() + at + listening.size());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GT(port, 0) << slurp(err);
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(std::chrono::seconds(30));
+  int health = 0;
+  while (health != 200 && std::chrono::steady_clock::now() < deadline) {
+    if (auto r = client.Get("/health")) health = r->status;
+    if (health != 200) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(health, 200) << slurp(err);
+  auto r =
+      client.Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 3})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  int status = -1;
+  for (int i = 0; i < 500 && waitpid(pid, &status, WNOHANG) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!WIFEXITED(status)) kill(pid, SIGKILL);
+  ASSERT_TRUE(WIFEXITED(status)) << slurp(err);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << slurp(err);
+  const std::string log = slurp(err);
+  EXPECT_THAT(log, HasSubstr("KV cache: f32, 16-token blocks"));
+  EXPECT_THAT(log, HasSubstr("draining"));
+  EXPECT_THAT(log, HasSubstr("stopped: 1 requests finished"));
 }
 
 }  // namespace

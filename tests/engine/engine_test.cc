@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <future>
 
@@ -295,6 +296,19 @@ TEST(Engine, FinishReasons) {
     EXPECT_EQ(out.stats.generated_tokens, out.tokens.size());
   }
   EXPECT_TRUE(saw_eos);
+  // A stop token ends the request like a stop string: its text is not shown.
+  Request until_token = greedy({1, 40, 41}, 30);
+  const Outcome free_run = collect(*tiny_engine.submit(until_token));
+  ASSERT_GE(free_run.tokens.size(), 4u);
+  until_token.stop_tokens = {free_run.tokens[3]};
+  const Outcome stopped_at_token = collect(*tiny_engine.submit(until_token));
+  EXPECT_EQ(stopped_at_token.stats.finish_reason, "stop");
+  const size_t first = static_cast<size_t>(
+      std::find(free_run.tokens.begin(), free_run.tokens.end(), free_run.tokens[3]) -
+      free_run.tokens.begin());
+  EXPECT_EQ(stopped_at_token.tokens.size(), first + 1);
+  until_token.stop_tokens = {tiny.model->config().n_vocab};
+  EXPECT_THROW(tiny_engine.submit(until_token), RequestError);
   Request near_end = greedy(std::vector<int32_t>(tiny.model->config().context_length - 3, 5), 50);
   EXPECT_EQ(collect(*tiny_engine.submit(near_end)).stats.finish_reason, "context");
 }

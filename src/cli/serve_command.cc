@@ -1,0 +1,189 @@
+// `kvcache serve`: the OpenAI-compatible HTTP server over the engine.
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <filesystem>
+#include <sstream>
+#include <thread>
+
+#include "base/byte_size.h"
+#include "base/error.h"
+#include "base/kernels.h"
+#include "cli/commands.h"
+#include "cli/model_source.h"
+#include "engine/engine.h"
+#include "kv/memory_plan.h"
+#include "model/llama_model.h"
+#include "model/tokenizer.h"
+#include "server/chat_template.h"
+#include "server/http_server.h"
+
+namespace kvc::cli {
+
+namespace {
+
+struct ServeArgs {
+  std::string model;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string kv_memory;
+  int block_tokens = 16;
+  std::string kv_dtype = "f32";
+  std::string api_keys;
+  bool no_prefix_cache = false;
+  std::string chat_template;
+  int threads = 0;
+  int max_batch_tokens = 512;
+  int max_running = 16;
+  size_t max_waiting = 256;
+  std::string max_body = "4MiB";
+  double drain_seconds = 30;
+};
+
+void serve(const ServeArgs& a) {
+  // SIGINT and SIGTERM are taken by sigwait() below, so every thread started from here on
+  // must block them; a client that vanishes mid-write must not kill the process.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  const auto kv_dtype = parse_dtype(a.kv_dtype);
+  if (!kv_dtype || (*kv_dtype != DType::F32 && *kv_dtype != DType::F16)) {
+    fail("--kv-dtype must be f32 or f16, got '{}'", a.kv_dtype);
+  }
+  if (a.port < 0 || a.port > 65535) fail("--port must be 0 to 65535, got {}", a.port);
+  if (a.drain_seconds < 0) fail("--drain-seconds must be >= 0, got {}", a.drain_seconds);
+  // The queue counts a request from its submission, so 0 would refuse every request.
+  if (a.max_waiting < 1) fail("--max-waiting must be >= 1, got {}", a.max_waiting);
+  server::ServerOptions options;
+  options.host = a.host;
+  options.port = a.port;
+  options.max_body_bytes = parse_byte_size(a.max_body, "--max-body");
+  // Every streaming request holds a connection thread while it runs or waits: room for all
+  // the engine runs at once plus a margin for queued streams and /metrics scrapes.
+  options.http_threads = std::max(96, 2 * a.max_running + 32);
+  if (!a.api_keys.empty()) {
+    options.api_keys = server::ApiKeys::load(a.api_keys);
+    spdlog::info("API keys: {} keys for {} tenants from {}", options.api_keys->size(),
+                 options.api_keys->tenant_names().size(), a.api_keys);
+  } else {
+    spdlog::info(
+        "no --api-keys: requests need no key and share one anonymous tenant, which may pin "
+        "and flush the cache");
+  }
+
+  // Listening before the model loads lets /health answer 503 meanwhile.
+  server::HttpServer http(options);
+  const int port = http.start();
+  spdlog::info("listening on http://{}:{} (/health answers 503 until the model is loaded)", a.host,
+               port);
+
+  const std::string path = resolve_model(a.model);
+  const auto model = model::LlamaModel::load(path);
+  const auto tokenizer = model::Tokenizer::from_gguf(model->file());
+  const auto& config = model->config();
+  std::string template_note;
+  const server::ChatTemplate chat_template =
+      server::ChatTemplate::for_model(model->file(), a.chat_template, template_note);
+
+  engine::EngineOptions eo;
+  eo.block_tokens = a.block_tokens;
+  eo.kv_dtype = *kv_dtype;
+  eo.threads = a.threads;
+  eo.max_batch_tokens = a.max_batch_tokens;
+  eo.max_running = a.max_running;
+  eo.max_waiting = a.max_waiting;
+  eo.prefix_cache = !a.no_prefix_cache;
+  if (!a.kv_memory.empty()) eo.kv_memory_bytes = parse_byte_size(a.kv_memory, "--kv-memory");
+  engine::Engine engine(*model, tokenizer, eo);
+
+  spdlog::info(
+      "model {}: {} ({} layers, {} heads / {} KV heads, dim {}, vocab {}, context {}), "
+      "weights {} {}",
+      path, config.name, config.n_layers, config.n_heads, config.n_kv_heads, config.n_embd,
+      config.n_vocab, config.context_length, dtype_name(model->weight_dtype()),
+      format_bytes(model->weight_bytes()));
+  // The same figures `kvcache run` and `kvcache plan` print, from the same code.
+  std::istringstream summary(kv::startup_summary(
+      engine.pool().geometry(), engine.pool().arena_bytes(), config.context_length));
+  for (std::string line; std::getline(summary, line);) spdlog::info("{}", line);
+  const int threads = a.threads > 0 ? a.threads : std::max(1u, std::thread::hardware_concurrency());
+  spdlog::info("{} threads, {} kernels; prefix cache {}; up to {} running, {} waiting", threads,
+               kernels::isa_name(kernels::active_isa()), eo.prefix_cache ? "on" : "off",
+               eo.max_running, eo.max_waiting);
+  spdlog::info("{}", template_note);
+
+  server::Backend backend;
+  backend.engine = &engine;
+  backend.chat_template = chat_template;
+  backend.model_id = std::filesystem::path(path).stem().string();
+  http.set_ready(backend);
+  // The server uses the engine until it has shut down, so it stops before the engine goes,
+  // however this scope ends.
+  struct StopServerFirst {
+    server::HttpServer& http;
+    ~StopServerFirst() { http.shutdown(0); }
+  } stop_server_first{http};
+  spdlog::info("ready: serving {} on http://{}:{}", backend.model_id, a.host, port);
+
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  spdlog::info("{}: no new requests; draining in-flight ones for up to {} s", strsignal(signal),
+               a.drain_seconds);
+  // A second signal while draining ends the process at once.
+  std::thread([stop_signals] {
+    int again = 0;
+    sigwait(&stop_signals, &again);
+    spdlog::warn("{} again: exiting without waiting for the drain", strsignal(again));
+    std::_Exit(1);
+  }).detach();
+  http.shutdown(a.drain_seconds);
+  const engine::EngineStats st = engine.stats();
+  spdlog::info("stopped: {} requests finished, {} cancelled", st.finished, st.cancelled);
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto args = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API");
+  cmd->add_option("-m,--model", args->model, "GGUF model file (default: the tiny demo model)");
+  cmd->add_option("--host", args->host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", args->port, "Port to listen on (0: any free port)")
+      ->capture_default_str();
+  cmd->add_option("--kv-memory", args->kv_memory,
+                  "KV pool size, e.g. 256MiB (default: max-running full contexts, within 2 GiB)");
+  cmd->add_option("--block-tokens", args->block_tokens, "Tokens per KV block")
+      ->capture_default_str();
+  cmd->add_option("--kv-dtype", args->kv_dtype, "KV storage type: f32 or f16")
+      ->capture_default_str();
+  cmd->add_option("--api-keys", args->api_keys,
+                  "File of 'KEY TENANT [admin]' lines; requests then need 'Authorization: "
+                  "Bearer KEY'");
+  cmd->add_flag("--no-prefix-cache", args->no_prefix_cache,
+                "Never share cached prefixes (for comparisons)");
+  cmd->add_option("--chat-template", args->chat_template,
+                  "Chat template: llama-2, chatml, llama-3 or zephyr (default: the model's, "
+                  "else chatml)");
+  cmd->add_option("-t,--threads", args->threads, "Compute threads (default: all cores)");
+  cmd->add_option("--max-batch-tokens", args->max_batch_tokens,
+                  "Tokens per forward pass (decodes and prefill chunks)")
+      ->capture_default_str();
+  cmd->add_option("--max-running", args->max_running, "Requests generating at once")
+      ->capture_default_str();
+  cmd->add_option("--max-waiting", args->max_waiting,
+                  "Queued requests before new ones get 429 (queued includes just-submitted)")
+      ->capture_default_str();
+  cmd->add_option("--max-body", args->max_body, "Largest request body; larger ones get 413")
+      ->capture_default_str();
+  cmd->add_option("--drain-seconds", args->drain_seconds,
+                  "On SIGTERM/SIGINT, how long in-flight requests may finish")
+      ->capture_default_str();
+  cmd->callback([args] { serve(*args); });
+}
+
+}  // namespace kvc::cli
