@@ -57,6 +57,8 @@ void serve(const ServeArgs& a) {
   }
   if (a.port < 0 || a.port > 65535) fail("--port must be 0 to 65535, got {}", a.port);
   if (a.drain_seconds < 0) fail("--drain-seconds must be >= 0, got {}", a.drain_seconds);
+  // A bad template name is reported before anything is loaded.
+  if (!a.chat_template.empty()) server::ChatTemplate::named(a.chat_template);
   // The queue counts a request from its submission, so 0 would refuse every request.
   if (a.max_waiting < 1) fail("--max-waiting must be >= 1, got {}", a.max_waiting);
   server::ServerOptions options;

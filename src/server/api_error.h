@@ -15,6 +15,7 @@ class ApiError : public Error {
   // param: the request field at fault, or "" for none; code: a machine-readable code or "".
   ApiError(int status, std::string type, const std::string& message, std::string param = {},
            std::string code = {});
+  // The parts given to the constructor.
   int status() const { return status_; }
   const std::string& type() const { return type_; }
   const std::string& param() const { return param_; }

@@ -30,6 +30,7 @@ class ApiKeys {
 
   // The tenant of a key, or nullopt for an unknown key.
   std::optional<Tenant> find(std::string_view key) const;
+  // The number of keys.
   size_t size() const { return tenants_.size(); }
   // Every tenant name, each once, sorted.
   std::vector<std::string> tenant_names() const;

@@ -27,6 +27,7 @@ enum class ChatFormat { kLlama2, kChatml, kLlama3, kZephyr };
 
 class ChatTemplate {
  public:
+  // A template of one of the built-in formats.
   explicit ChatTemplate(ChatFormat format) : format_(format) {}
 
   // The format named "llama-2", "chatml", "llama-3" or "zephyr"; throws Error listing them.
@@ -42,6 +43,7 @@ class ChatTemplate {
                                 std::string& note);
 
   ChatFormat format() const { return format_; }
+  // "llama-2", "chatml", "llama-3" or "zephyr".
   std::string name() const;
 
   // Token ids of messages followed by the opening of the assistant's turn, with BOS first

@@ -35,8 +35,10 @@ class Generation {
   bool next(Event& event, std::chrono::milliseconds timeout);
   // Whether every choice has ended and its end was returned by next().
   bool done() const;
+  // Asks the engine to stop every unfinished request (effective within one step).
   void cancel();
 
+  // The number of choices, and each one's request (its stats and error once it ended).
   size_t size() const { return handles_.size(); }
   const engine::RequestHandle& handle(size_t choice) const { return *handles_[choice]; }
 

@@ -51,7 +51,7 @@ std::vector<int32_t> encode_prompt(const PromptInput& p, const model::Tokenizer&
                                    bool add_bos, const std::string& param) {
   if (p.text) {
     std::vector<int32_t> ids = tokenizer.encode(*p.text, add_bos && tokenizer.add_bos());
-    if (ids.empty() && tokenizer.bos_id() >= 0) ids.push_back(tokenizer.bos_id());
+    if (ids.empty() && add_bos && tokenizer.bos_id() >= 0) ids.push_back(tokenizer.bos_id());
     return ids;
   }
   for (int32_t t : p.tokens) {
@@ -71,14 +71,6 @@ void check_prompt_fits(size_t prompt_tokens, size_t context, const std::string& 
                                prompt_tokens, context),
                    param, "context_length_exceeded");
   }
-}
-
-nlohmann::json miss_json(const kv::MissReason& miss, double now_ms) {
-  nlohmann::json m = {{"reason", miss.to_string(now_ms)}, {"kind", miss.kind_name()}};
-  if (miss.kind != kv::MissKind::kNone && miss.kind != kv::MissKind::kDisabled) {
-    m["at_token"] = miss.at_token;
-  }
-  return m;
 }
 
 // The `kvcache` object of a whole response: the first choice's figures (the one that read

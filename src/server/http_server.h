@@ -65,6 +65,7 @@ class HttpServer {
   // and their streams end with an error event and [DONE]), shuts the engine down, closes the
   // listener and joins every connection thread. Idempotent.
   void shutdown(double drain_seconds);
+  // The bound port (after start()).
   int port() const { return port_; }
 
  private:

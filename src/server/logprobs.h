@@ -35,8 +35,8 @@ class CompletionLogprobs {
  public:
   // Adds one token whose text starts at byte offset text_offset of the choice's text.
   void add(const SampledLogprobs& lp, const model::Tokenizer& tokenizer, size_t text_offset);
+  // The choice's "logprobs" object.
   nlohmann::json to_json() const;
-  bool empty() const { return tokens_.empty(); }
 
  private:
   nlohmann::json tokens_ = nlohmann::json::array();

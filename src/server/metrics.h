@@ -24,6 +24,7 @@ class PrometheusText {
   // Bounds and sum are multiplied by scale (milliseconds to seconds: 1e-3).
   void histogram(const std::string& name, const std::string& help, const Histogram::Snapshot& s,
                  double scale);
+  // Everything written so far.
   const std::string& text() const { return out_; }
 
  private:

@@ -327,15 +327,19 @@ nlohmann::json usage_json(size_t prompt_tokens, size_t completion_tokens, size_t
           {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
+nlohmann::json miss_json(const kv::MissReason& miss, double now_ms) {
+  nlohmann::json m = {{"reason", miss.to_string(now_ms)}, {"kind", miss.kind_name()}};
+  if (miss.kind != kv::MissKind::kNone && miss.kind != kv::MissKind::kDisabled) {
+    m["at_token"] = miss.at_token;
+  }
+  return m;
+}
+
 nlohmann::json kvcache_json(const engine::RequestStats& s, double now_ms) {
   const auto ms = [](double v) { return std::round(v * 1000.0) / 1000.0; };
-  nlohmann::json miss = {{"reason", s.miss.to_string(now_ms)}, {"kind", s.miss.kind_name()}};
-  if (s.miss.kind != kv::MissKind::kNone && s.miss.kind != kv::MissKind::kDisabled) {
-    miss["at_token"] = s.miss.at_token;
-  }
   return {{"prompt_tokens", s.prompt_tokens},
           {"cached_tokens", s.cached_tokens},
-          {"miss", miss},
+          {"miss", miss_json(s.miss, now_ms)},
           {"queue_ms", ms(s.queue_ms)},
           {"ttft_ms", ms(s.ttft_ms)},
           {"tpot_ms", ms(s.tpot_ms)},

@@ -95,6 +95,10 @@ std::string openai_finish_reason(const std::string& engine_reason);
 // {"cached_tokens"}}: cached_tokens is always present.
 nlohmann::json usage_json(size_t prompt_tokens, size_t completion_tokens, size_t cached_tokens);
 
+// A miss reason: {"reason": "diverged@32", "kind": "diverged", "at_token": 32}, at_token only
+// when something was missed. now_ms is the prefix index's clock, for "evicted N s ago".
+nlohmann::json miss_json(const kv::MissReason& miss, double now_ms);
+
 // The `kvcache` object of a response: prompt and cached tokens, the miss reason (as text and
 // as its kind and token), queue/TTFT/end-to-end/per-token milliseconds and preemptions.
 // now_ms is the prefix index's clock, for "evicted N s ago".

@@ -140,6 +140,21 @@ TEST(Cli, BenchReportsDecodeAgainstBandwidth) {
   EXPECT_THAT(r.out, ::testing::ContainsRegex("tiny +q8_0 +1 "));
 }
 
+TEST(Cli, ServeRefusesBadFlagsBeforeListening) {
+  const std::string keys = (testing::scratch_dir() / "bad-keys.txt").string();
+  std::ofstream(keys) << "sk-a alice admin\nsk-b\n";
+  Result r = kvcache("serve --port 0 --api-keys " + keys);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("bad-keys.txt:2: expected 'KEY TENANT [admin]'"));
+  r = kvcache("serve --port 0 --chat-template vicuna");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("unknown chat template 'vicuna'"));
+  r = kvcache("serve --port 0 --max-body 12XB");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("--max-body"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("listening")));
+}
+
 TEST(Cli, ServeAnswersHealthAndDrainsOnSigterm) {
   const std::string model = testing::synthetic_model_path("tiny", DType::F32);
   const std::string err = (testing::scratch_dir() / "serve.stderr").string();
