@@ -16,25 +16,17 @@ namespace {
 
 using testing::get;
 using ::testing::HasSubstr;
+using testing::ids;
 using testing::json;
 using testing::post;
 using testing::stream;
 using testing::TestServer;
+using testing::tiny_model;
 
 // The tiny synthetic model with more layers, so that a long generation takes long enough for a
 // test to act while it runs.
 std::string slow_tiny() {
   return kvc::testing::synthetic_model_path("tiny", DType::F32, 8);
-}
-
-std::string tiny() {
-  return kvc::testing::synthetic_model_path("tiny", DType::F32);
-}
-
-std::vector<int32_t> ids(size_t n, int seed) {
-  std::vector<int32_t> p = {1};
-  for (size_t i = 1; i < n; ++i) p.push_back(3 + static_cast<int32_t>((i * 11 + seed * 5) % 500));
-  return p;
 }
 
 ServerOptions with_keys() {
@@ -56,7 +48,7 @@ void expect_error(const testing::Reply& r, int status, const std::string& type,
 }
 
 TEST(HttpHardening, KeysAreRequiredAndMapToTenants) {
-  TestServer s(tiny(), TestServer::default_engine(), with_keys());
+  TestServer s(tiny_model(), TestServer::default_engine(), with_keys());
   const json body = {{"prompt", "hi"}, {"max_tokens", 2}};
   auto r = post(s, "/v1/completions", body);
   expect_error(r, 401, "invalid_request_error", "missing API key");
@@ -93,7 +85,7 @@ TEST(HttpHardening, KeysAreRequiredAndMapToTenants) {
 }
 
 TEST(HttpHardening, TenantsNeverShareCachedPrefixes) {
-  TestServer s(tiny(), TestServer::default_engine(), with_keys());
+  TestServer s(tiny_model(), TestServer::default_engine(), with_keys());
   const json body = {{"prompt", ids(80, 1)}, {"max_tokens", 3}};
   const auto cached = [](const testing::Reply& r) {
     return r.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
@@ -141,7 +133,7 @@ TEST(HttpHardening, TenantsNeverShareCachedPrefixes) {
 TEST(HttpHardening, OversizedBodiesGet413) {
   ServerOptions o;
   o.max_body_bytes = 4096;
-  TestServer s(tiny(), TestServer::default_engine(), o);
+  TestServer s(tiny_model(), TestServer::default_engine(), o);
   const std::string big = json{{"prompt", std::string(10000, 'a')}}.dump();
   auto r = post(s, "/v1/completions", big);
   expect_error(r, 413, "invalid_request_error", "larger than the limit of 4096 bytes");
@@ -165,7 +157,7 @@ TEST(HttpHardening, OversizedBodiesGet413) {
 }
 
 TEST(HttpHardening, MalformedRequestsGet400NamingTheField) {
-  TestServer s(tiny());
+  TestServer s(tiny_model());
   auto r = post(s, "/v1/completions", std::string(R"({"prompt": "x", )"));
   expect_error(r, 400, "invalid_request_error", "not valid JSON");
   EXPECT_TRUE(r.body["error"]["param"].is_null());
@@ -187,7 +179,7 @@ TEST(HttpHardening, MalformedRequestsGet400NamingTheField) {
 }
 
 TEST(HttpHardening, PromptLongerThanTheContextGets400WithBothLengths) {
-  TestServer s(tiny());
+  TestServer s(tiny_model());
   auto r = post(s, "/v1/completions", json{{"prompt", ids(600, 1)}});
   expect_error(r, 400, "invalid_request_error",
                "the prompt has 600 tokens but the model's context is 512 tokens");
@@ -205,7 +197,7 @@ TEST(HttpHardening, PromptLongerThanTheContextGets400WithBothLengths) {
   // A request whose prompt and output could never fit the KV pool is refused too.
   engine::EngineOptions eo = TestServer::default_engine();
   eo.kv_memory_bytes = s.model->config().kv_geometry(DType::F32, 16).bytes_per_block() * 8;
-  TestServer small(tiny(), eo);
+  TestServer small(tiny_model(), eo);
   r = post(small, "/v1/completions", json{{"prompt", ids(20, 1)}, {"max_tokens", 400}});
   expect_error(r, 400, "invalid_request_error", "KV blocks");
   EXPECT_EQ(r.body["error"]["param"], "max_tokens");

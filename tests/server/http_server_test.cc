@@ -15,29 +15,20 @@ namespace {
 
 using testing::get;
 using ::testing::HasSubstr;
+using testing::ids;
 using testing::json;
 using testing::post;
 using ::testing::StartsWith;
 using testing::stream;
 using testing::TestServer;
-
-std::string tiny() {
-  return kvc::testing::synthetic_model_path("tiny", DType::F32);
-}
-
-// n token ids of the tiny vocabulary, BOS first, varied by seed.
-std::vector<int32_t> ids(size_t n, int seed) {
-  std::vector<int32_t> p = {1};
-  for (size_t i = 1; i < n; ++i) p.push_back(3 + static_cast<int32_t>((i * 7 + seed * 13) % 500));
-  return p;
-}
+using testing::tiny_model;
 
 std::string completion_text(const json& body) {
   return body["choices"][0]["text"].get<std::string>();
 }
 
 TEST(HttpServer, HealthIs503WhileLoadingThen200) {
-  TestServer s(tiny(), TestServer::default_engine(), {}, false);
+  TestServer s(tiny_model(), TestServer::default_engine(), {}, false);
   auto r = get(s, "/health");
   EXPECT_EQ(r.status, 503);
   EXPECT_THAT(r.body["error"]["message"].get<std::string>(), HasSubstr("loading"));
@@ -52,7 +43,7 @@ TEST(HttpServer, HealthIs503WhileLoadingThen200) {
 }
 
 TEST(HttpServer, ModelsListsTheServedModel) {
-  TestServer s(tiny());
+  TestServer s(tiny_model());
   const auto r = get(s, "/v1/models");
   ASSERT_EQ(r.status, 200);
   EXPECT_EQ(r.body["object"], "list");
@@ -129,7 +120,7 @@ TEST(HttpServer, ChatAppliesTheTemplate) {
 }
 
 TEST(HttpServer, StreamedCompletionIsSseEndingWithDoneAndMatchesTheWholeResponse) {
-  TestServer s(tiny());
+  TestServer s(tiny_model());
   const json body = {
       {"prompt", "Hello there"}, {"max_tokens", 30}, {"temperature", 0}, {"ignore_eos", true}};
   const auto whole = post(s, "/v1/completions", body);
@@ -177,7 +168,7 @@ TEST(HttpServer, StreamedCompletionIsSseEndingWithDoneAndMatchesTheWholeResponse
 }
 
 TEST(HttpServer, StreamedChatStartsWithTheRoleAndEndsWithTheFinishReason) {
-  TestServer s(tiny());
+  TestServer s(tiny_model());
   const json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
                      {"max_tokens", 10},
                      {"ignore_eos", true},
@@ -208,7 +199,7 @@ TEST(HttpServer, StreamedChatStartsWithTheRoleAndEndsWithTheFinishReason) {
 }
 
 TEST(HttpServer, SecondRequestReportsTheCachedTokensTheEngineUsed) {
-  TestServer s(tiny());
+  TestServer s(tiny_model());
   const std::vector<int32_t> a = ids(100, 1);
   auto r = post(s, "/v1/completions", json{{"prompt", a}, {"max_tokens", 4}});
   ASSERT_EQ(r.status, 200) << r.text;
@@ -234,7 +225,7 @@ TEST(HttpServer, SecondRequestReportsTheCachedTokensTheEngineUsed) {
 }
 
 TEST(HttpServer, SamplesOfOneRequestShareThePromptBlocks) {
-  TestServer s(tiny());
+  TestServer s(tiny_model());
   const json body = {{"prompt", ids(50, 3)}, {"n", 3},          {"temperature", 1.0},
                      {"seed", 11},           {"max_tokens", 8}, {"ignore_eos", true}};
   const auto r = post(s, "/v1/completions", body);
@@ -261,7 +252,7 @@ TEST(HttpServer, SamplesOfOneRequestShareThePromptBlocks) {
 }
 
 TEST(HttpServer, LogprobsComeFromTheLogits) {
-  TestServer s(tiny());
+  TestServer s(tiny_model());
   auto r = post(s, "/v1/completions",
                 json{{"prompt", "abc"},
                      {"max_tokens", 5},
@@ -303,7 +294,7 @@ TEST(HttpServer, LogprobsComeFromTheLogits) {
 }
 
 TEST(HttpServer, TokenizeAndDetokenize) {
-  TestServer s(tiny());
+  TestServer s(tiny_model());
   auto r = post(s, "/tokenize", json{{"prompt", "Hello world"}});
   ASSERT_EQ(r.status, 200) << r.text;
   const std::vector<int32_t> expected = s.tokenizer->encode("Hello world", true);
@@ -332,7 +323,7 @@ TEST(HttpServer, TokenizeAndDetokenize) {
 }
 
 TEST(HttpServer, MetricsAreValidPrometheusTextWithCacheFigures) {
-  TestServer s(tiny());
+  TestServer s(tiny_model());
   const std::vector<int32_t> p = ids(60, 4);
   for (int i = 0; i < 2; ++i) {
     ASSERT_EQ(post(s, "/v1/completions",
@@ -383,7 +374,7 @@ TEST(HttpServer, MetricsAreValidPrometheusTextWithCacheFigures) {
 }
 
 TEST(HttpServer, CacheStatsExplainPinAndFlush) {
-  TestServer s(tiny());
+  TestServer s(tiny_model());
   auto r = get(s, "/v1/cache");
   ASSERT_EQ(r.status, 200) << r.text;
   const json& blocks = r.body["blocks"];
@@ -429,7 +420,7 @@ TEST(HttpServer, CacheStatsExplainPinAndFlush) {
 }
 
 TEST(HttpServer, SessionKeepsTheConversationForTheNextTurn) {
-  TestServer s(tiny());
+  TestServer s(tiny_model());
   json messages = {
       {{"role", "system"}, {"content", "You are a helpful assistant who tells stories."}},
       {{"role", "user"}, {"content", "Tell me about the sea."}}};

@@ -84,6 +84,18 @@ struct Reply {
   }
 };
 
+// The tiny synthetic model the server tests run on.
+inline std::string tiny_model() {
+  return kvc::testing::synthetic_model_path("tiny", DType::F32);
+}
+
+// n token ids of the tiny vocabulary, BOS first, varied by seed.
+inline std::vector<int32_t> ids(size_t n, int seed) {
+  std::vector<int32_t> p = {1};
+  for (size_t i = 1; i < n; ++i) p.push_back(3 + static_cast<int32_t>((i * 7 + seed * 13) % 500));
+  return p;
+}
+
 inline Reply to_reply(const httplib::Result& r) {
   Reply out;
   if (!r) return out;
