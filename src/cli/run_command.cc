@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "base/kernels.h"
 #include "base/utf8.h"
+#include "cli/cli_options.h"
 #include "cli/commands.h"
 #include "cli/model_source.h"
 #include "engine/generator.h"
@@ -122,18 +123,15 @@ void run(const RunArgs& a) {
     prompts.push_back({a.prompt, ""});
   }
 
-  const auto kv_dtype = parse_dtype(a.kv_dtype);
-  if (!kv_dtype || (*kv_dtype != DType::F32 && *kv_dtype != DType::F16)) {
-    fail("--kv-dtype must be f32 or f16, got '{}'", a.kv_dtype);
-  }
-  const kv::KvGeometry geometry = config.kv_geometry(*kv_dtype, a.block_tokens);
+  const DType kv_dtype = parse_kv_dtype(a.kv_dtype);
+  const kv::KvGeometry geometry = config.kv_geometry(kv_dtype, a.block_tokens);
   // By default the pool holds one full context, which is all a single sequence can use.
   const uint64_t kv_bytes =
       a.kv_memory.empty()
           ? geometry.blocks_for_tokens(config.context_length) * geometry.bytes_per_block()
           : parse_byte_size(a.kv_memory);
   kv::BlockPool pool(geometry, kv_bytes);
-  const int threads = a.threads > 0 ? a.threads : std::max(1u, std::thread::hardware_concurrency());
+  const int threads = thread_count(a.threads);
   ThreadPool thread_pool(threads);
 
   spdlog::info(

@@ -10,6 +10,7 @@
 #include "base/byte_size.h"
 #include "base/error.h"
 #include "base/kernels.h"
+#include "cli/cli_options.h"
 #include "cli/commands.h"
 #include "cli/model_source.h"
 #include "engine/engine.h"
@@ -51,10 +52,7 @@ void serve(const ServeArgs& a) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  const auto kv_dtype = parse_dtype(a.kv_dtype);
-  if (!kv_dtype || (*kv_dtype != DType::F32 && *kv_dtype != DType::F16)) {
-    fail("--kv-dtype must be f32 or f16, got '{}'", a.kv_dtype);
-  }
+  const DType kv_dtype = parse_kv_dtype(a.kv_dtype);
   if (a.port < 0 || a.port > 65535) fail("--port must be 0 to 65535, got {}", a.port);
   if (a.drain_seconds < 0) fail("--drain-seconds must be >= 0, got {}", a.drain_seconds);
   // A bad template name is reported before anything is loaded.
@@ -94,7 +92,7 @@ void serve(const ServeArgs& a) {
 
   engine::EngineOptions eo;
   eo.block_tokens = a.block_tokens;
-  eo.kv_dtype = *kv_dtype;
+  eo.kv_dtype = kv_dtype;
   eo.threads = a.threads;
   eo.max_batch_tokens = a.max_batch_tokens;
   eo.max_running = a.max_running;
@@ -113,7 +111,7 @@ void serve(const ServeArgs& a) {
   std::istringstream summary(kv::startup_summary(
       engine.pool().geometry(), engine.pool().arena_bytes(), config.context_length));
   for (std::string line; std::getline(summary, line);) spdlog::info("{}", line);
-  const int threads = a.threads > 0 ? a.threads : std::max(1u, std::thread::hardware_concurrency());
+  const int threads = thread_count(a.threads);
   spdlog::info("{} threads, {} kernels; prefix cache {}; up to {} running, {} waiting", threads,
                kernels::isa_name(kernels::active_isa()), eo.prefix_cache ? "on" : "off",
                eo.max_running, eo.max_waiting);
