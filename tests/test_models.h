@@ -1,10 +1,8 @@
 // Models for tests: the real stories260K (found through KVCACHE_TEST_MODEL) and synthetic
-// ones written once per test process into a temporary directory.
+// ones written once per test process into its scratch directory.
 #pragma once
 
 #include <gtest/gtest.h>
-#include <unistd.h>
-
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -12,6 +10,7 @@
 
 #include "base/dtype.h"
 #include "model/synthetic_model.h"
+#include "scratch_dir.h"
 
 namespace kvc::testing {
 
@@ -28,21 +27,6 @@ inline std::string stories_model_path() {
     GTEST_SKIP() << "KVCACHE_TEST_MODEL is not set to stories260K.gguf (.ci/run sets it " \
                     "from ../shared/models/stories260K.gguf)";                            \
   }
-
-// A per-process scratch directory, removed at exit.
-inline const std::filesystem::path& scratch_dir() {
-  static const std::filesystem::path dir = [] {
-    auto d =
-        std::filesystem::temp_directory_path() / ("kvcache-test-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(d);
-    std::atexit([] {
-      std::error_code ec;
-      std::filesystem::remove_all(scratch_dir(), ec);
-    });
-    return d;
-  }();
-  return dir;
-}
 
 // A synthetic model of the given preset and dtype, written on first use.
 inline std::string synthetic_model_path(const std::string& preset, DType dtype, int layers = 0) {

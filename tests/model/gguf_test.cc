@@ -2,7 +2,6 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +14,7 @@
 
 #include "base/error.h"
 #include "model/gguf_writer.h"
+#include "scratch_dir.h"
 
 namespace kvc::gguf {
 namespace {
@@ -45,11 +45,11 @@ std::vector<uint8_t> read_file(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-// A unique path in the test temp directory, removed (with its .tmp) when the test ends.
+// A path in the process's scratch directory, removed (with its .tmp) when the test ends.
 class TempPath {
  public:
-  explicit TempPath(std::string name)
-      : path_(::testing::TempDir() + "gguf_test_" + std::to_string(::getpid()) + "_" + name) {}
+  explicit TempPath(const std::string& name)
+      : path_((kvc::testing::scratch_dir() / ("gguf_test_" + name)).string()) {}
   ~TempPath() {
     std::filesystem::remove(path_);
     std::filesystem::remove(path_ + ".tmp");
@@ -371,7 +371,7 @@ TEST(GgufWriter, RejectsMalformedTensors) {
 TEST(GgufWriter, FailedWriteNamesThePathAndLeavesNoFile) {
   Writer w;
   w.add_tensor("t", {32}, DType::F32, pattern(0));
-  const std::string missing = ::testing::TempDir() + "no/such/dir/x.gguf";
+  const std::string missing = (kvc::testing::scratch_dir() / "no/such/dir/x.gguf").string();
   EXPECT_THAT(error_of([&] { w.write(missing); }), HasSubstr(missing));
 
   // A fill that throws leaves the previous file untouched and removes the temporary.
@@ -537,7 +537,7 @@ TEST(GgufBadFile, GettersNameTheKey) {
 }
 
 TEST(GgufBadFile, OpenNamesThePath) {
-  const std::string missing = ::testing::TempDir() + "no_such_model.gguf";
+  const std::string missing = (kvc::testing::scratch_dir() / "no_such_model.gguf").string();
   EXPECT_THAT(error_of([&] { File::open(missing); }), HasSubstr(missing));
   TempPath empty("empty.gguf");
   std::ofstream(empty.str()).close();

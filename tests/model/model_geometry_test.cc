@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "model/gguf.h"
+#include "scratch_dir.h"
 
 namespace kvc::model {
 namespace {
@@ -28,7 +29,7 @@ uint64_t bytes_per_token(const ModelGeometry& m, DType dtype = DType::F16) {
 }
 
 std::string write_temp(const std::string& name, const std::string& text) {
-  const auto dir = std::filesystem::path(::testing::TempDir()) / "kvcache_model_geometry_test";
+  const auto dir = kvc::testing::scratch_dir() / "model_geometry_test";
   std::filesystem::create_directories(dir);
   const auto path = dir / name;
   std::ofstream(path, std::ios::binary) << text;

@@ -13,6 +13,7 @@
 
 #include "base/byte_size.h"
 #include "base/error.h"
+#include "scratch_dir.h"
 
 namespace kvc::model {
 namespace {
@@ -239,7 +240,7 @@ TEST(PlanReport, SvgHasALinePerConcurrencyAndTheBudget) {
 }
 
 TEST(PlanReport, RunPlanWritesThePlot) {
-  const auto path = std::filesystem::path(::testing::TempDir()) / "kvcache_plan_test.svg";
+  const auto path = kvc::testing::scratch_dir() / "kvcache_plan_test.svg";
   std::filesystem::remove(path);
   PlanArgs a = llama_args();
   a.plot_path = path.string();
@@ -259,7 +260,7 @@ TEST(PlanReport, RunPlanWritesThePlot) {
 }
 
 TEST(PlanReport, ConfigSourceAndExcludedWeights) {
-  const auto path = std::filesystem::path(::testing::TempDir()) / "kvcache_plan_config.json";
+  const auto path = kvc::testing::scratch_dir() / "kvcache_plan_config.json";
   std::ofstream(path) << R"({"num_hidden_layers": 22, "num_attention_heads": 32,
     "num_key_value_heads": 4, "hidden_size": 2048, "intermediate_size": 5632,
     "vocab_size": 32000, "torch_dtype": "float16"})";
