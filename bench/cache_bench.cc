@@ -8,7 +8,7 @@
 
 #include "base/byte_size.h"
 #include "base/thread_pool.h"
-#include "engine/generator.h"
+#include "engine/completion.h"
 #include "kv/cache_namespace.h"
 #include "kv/prefix_index.h"
 #include "model/llama_model.h"
@@ -135,29 +135,29 @@ void run_shared_prefix_bench(const SharedPrefixBenchOptions& o, std::ostream& ou
     for (int j = 0; j < o.question_tokens; ++j) p.push_back(word());
     prompts.push_back(std::move(p));
   }
-  const kv::KvGeometry g = c.kv_geometry(DType::F32, 16);
-  ThreadPool threads(o.threads);
+  const kv::KvGeometry g = c.kv_geometry(DType::F32, engine::kDefaultBlockTokens);
+  const auto tokenizer = model::Tokenizer::from_gguf(model->file());
   struct Result {
     double prefill_ms = 0, ttft_ms_sum = 0;
     size_t cached = 0;
   };
   const auto run = [&](bool cache_on) {
-    kv::BlockPool pool(g, g.blocks_for_tokens(o.preamble_tokens + o.question_tokens + 8) * 64 *
-                              g.bytes_per_block());
-    kv::PrefixIndexOptions io;
-    io.enabled = cache_on;
-    kv::PrefixIndex index(pool, io);
-    const engine::CacheContext ctx{
-        &index, kv::namespace_hash(
-                    {model::model_fingerprint(model->file()), g.dtype, g.block_tokens, "", ""})};
-    engine::Generator gen(*model, pool, threads);
-    engine::GenerationOptions go;
-    go.max_tokens = 1;
-    go.sampling.temperature = 0.0f;
+    engine::EngineOptions eo;
+    eo.kv_memory_bytes = g.blocks_for_tokens(o.preamble_tokens + o.question_tokens + 8) * 64 *
+                         g.bytes_per_block();
+    eo.kv_dtype = g.dtype;
+    eo.threads = o.threads;
+    eo.max_running = 1;
+    eo.prefix_cache = cache_on;
+    engine::Engine engine(*model, tokenizer, eo);
+    engine::Request req;
+    req.max_tokens = 1;
+    req.sampling.temperature = 0.0f;
+    req.ns = engine.namespace_for("");
     Result r;
     for (const auto& p : prompts) {
-      const auto s = gen.generate(
-          p, go, [](int32_t) { return true; }, ctx);
+      req.prompt = p;
+      const engine::RequestStats s = engine::complete(engine, req).stats;
       r.prefill_ms += s.prefill_ms;
       r.ttft_ms_sum += s.ttft_ms;
       r.cached += s.cached_tokens;

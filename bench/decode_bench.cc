@@ -9,8 +9,9 @@
 #include "base/aligned_buffer.h"
 #include "base/byte_size.h"
 #include "base/thread_pool.h"
-#include "engine/generator.h"
+#include "engine/completion.h"
 #include "model/llama_model.h"
+#include "model/tokenizer.h"
 #include "model/sampler.h"
 
 namespace kvc::bench {
@@ -71,26 +72,33 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
       const std::string path = o.model_path(preset, dtype);
       const auto model = model::LlamaModel::load(path);
       const auto& c = model->config();
-      const kv::KvGeometry g = c.kv_geometry(DType::F32, 16);
+      const auto tokenizer = model::Tokenizer::from_gguf(model->file());
+      const kv::KvGeometry g = c.kv_geometry(DType::F32, engine::kDefaultBlockTokens);
       const size_t tokens = o.prompt_tokens + o.decode_tokens + 8;
-      kv::BlockPool pool(g, g.blocks_for_tokens(tokens) * g.bytes_per_block());
       model::Rng rng(42);
       std::vector<int32_t> prompt(o.prompt_tokens);
       for (auto& t : prompt) t = 3 + static_cast<int32_t>(rng.next() % (c.n_vocab - 3));
       for (int threads : o.threads) {
-        ThreadPool workers(threads);
-        engine::Generator gen(*model, pool, workers);
-        engine::GenerationOptions go;
-        go.sampling.temperature = 0.0f;
-        go.stop_at_eos = false;
-        go.prefill_chunk = o.prompt_tokens;
+        engine::EngineOptions eo;
+        eo.kv_memory_bytes = g.blocks_for_tokens(tokens) * g.bytes_per_block();
+        eo.kv_dtype = DType::F32;
+        eo.threads = threads;
+        eo.max_running = 1;
+        eo.max_batch_tokens = o.prompt_tokens;
+        eo.prefix_cache = false;
+        engine::Engine engine(*model, tokenizer, eo);
+        engine::Request r;
+        r.sampling.temperature = 0.0f;
+        r.ignore_eos = true;
         // Warm-up: fault in every weight page and size the scratch buffers.
-        go.max_tokens = 2;
-        gen.generate({prompt.data(), 8}, go, [](int32_t) { return true; });
-        go.max_tokens = o.decode_tokens + 1;
-        const auto s = gen.generate(prompt, go, [](int32_t) { return true; });
+        r.prompt.assign(prompt.begin(), prompt.begin() + 8);
+        r.max_tokens = 2;
+        engine::complete(engine, r);
+        r.prompt = prompt;
+        r.max_tokens = o.decode_tokens + 1;
+        const engine::RequestStats s = engine::complete(engine, r).stats;
         const double prefill = s.prompt_tokens / (s.prefill_ms / 1e3);
-        const double decode = s.decode_steps / (s.decode_ms / 1e3);
+        const double decode = (s.generated_tokens - 1) / (s.decode_ms / 1e3);
         const double gbps = model->bytes_read_per_token() * decode / 1e9;
         out << fmt::format("{:<16} {:<5} {:>7} {:>10} {:>12.1f} {:>11.1f} {:>12.1f} {:>9.2f}\n",
                            preset, dtype_name(dtype), threads, format_bytes(model->weight_bytes()),

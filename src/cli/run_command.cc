@@ -14,7 +14,7 @@
 #include "cli/cli_options.h"
 #include "cli/commands.h"
 #include "cli/model_source.h"
-#include "engine/generator.h"
+#include "engine/completion.h"
 #include "kv/cache_namespace.h"
 #include "kv/memory_plan.h"
 #include "kv/prefix_index.h"
@@ -40,7 +40,7 @@ struct RunArgs {
   int64_t seed = -1;
   int threads = 0;
   std::string kv_memory;
-  int block_tokens = 16;
+  int block_tokens = engine::kDefaultBlockTokens;
   std::string kv_dtype = "f32";
   int prefill_chunk = 512;
   bool ignore_eos = false;
@@ -130,9 +130,17 @@ void run(const RunArgs& a) {
       a.kv_memory.empty()
           ? geometry.blocks_for_tokens(config.context_length) * geometry.bytes_per_block()
           : parse_byte_size(a.kv_memory);
-  kv::BlockPool pool(geometry, kv_bytes);
   const int threads = thread_count(a.threads);
-  ThreadPool thread_pool(threads);
+  // One sequence at a time, through the same engine `serve` uses.
+  engine::EngineOptions eo;
+  eo.kv_memory_bytes = kv_bytes;
+  eo.block_tokens = a.block_tokens;
+  eo.kv_dtype = kv_dtype;
+  eo.threads = threads;
+  eo.max_running = 1;
+  eo.max_batch_tokens = a.prefill_chunk;
+  eo.prefix_cache = !a.no_prefix_cache;
+  engine::Engine engine(*model, tokenizer, eo);
 
   spdlog::info(
       "model {}: {} ({} layers, {} heads / {} KV heads, dim {}, vocab {}, context {}), "
@@ -142,69 +150,57 @@ void run(const RunArgs& a) {
       format_bytes(model->weight_bytes()));
   // The same figures `kvcache plan` prints, from the same code.
   std::istringstream summary(
-      kv::startup_summary(geometry, pool.arena_bytes(), config.context_length));
+      kv::startup_summary(geometry, engine.arena_bytes(), config.context_length));
   for (std::string line; std::getline(summary, line);) spdlog::info("{}", line);
   spdlog::info("{} threads, {} kernels", threads, kernels::isa_name(kernels::active_isa()));
 
-  engine::GenerationOptions options;
-  options.max_tokens = a.n_predict;
-  options.prefill_chunk = a.prefill_chunk;
-  options.sampling.temperature = a.temperature;
-  options.sampling.top_k = a.top_k;
-  options.sampling.top_p = a.top_p;
-  options.sampling.min_p = a.min_p;
-  options.sampling.repeat_penalty = a.repeat_penalty;
-  options.sampling.repeat_last_n = a.repeat_last_n;
-  options.sampling.seed =
+  engine::Request request;
+  request.max_tokens = a.n_predict;
+  request.sampling.temperature = a.temperature;
+  request.sampling.top_k = a.top_k;
+  request.sampling.top_p = a.top_p;
+  request.sampling.min_p = a.min_p;
+  request.sampling.repeat_penalty = a.repeat_penalty;
+  request.sampling.repeat_last_n = a.repeat_last_n;
+  request.sampling.seed =
       a.seed >= 0
           ? static_cast<uint64_t>(a.seed)
           : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  options.stop_at_eos = !a.ignore_eos;
-  options.eos_id = tokenizer.eos_id();
-  if (a.seed < 0) spdlog::info("seed {} (pass --seed to repeat this run)", options.sampling.seed);
+  request.ignore_eos = a.ignore_eos;
+  if (a.seed < 0) spdlog::info("seed {} (pass --seed to repeat this run)", request.sampling.seed);
 
-  kv::PrefixIndexOptions index_options;
-  index_options.enabled = !a.no_prefix_cache;
-  kv::PrefixIndex index(pool, index_options);
-  kv::NamespaceKey ns_key;
-  ns_key.kv_dtype = geometry.dtype;
-  ns_key.block_tokens = geometry.block_tokens;
-  if (index.enabled()) ns_key.model_fingerprint = model::model_fingerprint(model->file());
-
-  engine::Generator generator(*model, pool, thread_pool);
   const auto rate = [](size_t n, double ms) { return ms > 0 ? n * 1000.0 / ms : 0.0; };
   for (const PromptLine& p : prompts) {
     std::vector<int32_t> tokens = tokenizer.encode(p.prompt, tokenizer.add_bos());
     if (tokens.empty()) tokens.push_back(tokenizer.bos_id());
-    ns_key.tenant_salt = p.ns;
-    const engine::CacheContext cache{&index, kv::namespace_hash(ns_key)};
+    request.prompt = tokens;
+    request.ns = engine.namespace_for(p.ns);
     TextStream out;
     out.write(tokenizer.decode(tokens));
-    const engine::GenerationStats s = generator.generate(
-        tokens, options,
-        [&](int32_t id) {
-          out.write(tokenizer.piece(id));
-          return true;
-        },
-        cache);
+    const engine::Completion c =
+        engine::complete(engine, request, [&](const engine::TokenEvent& e) { out.write(e.text); });
     out.finish();
+    if (!c.error.empty()) fail("{}", c.error);
+    const engine::RequestStats& s = c.stats;
+    const double now = kv::steady_clock_ms()();
     if (prompts.size() > 1) {
       std::fprintf(stderr, "prompt_tokens=%zu cached_tokens=%zu miss=%s ttft_ms=%.2f\n",
-                   s.prompt_tokens, s.cached_tokens, s.miss.to_string(index.now_ms()).c_str(),
-                   s.ttft_ms);
+                   s.prompt_tokens, s.cached_tokens, s.miss.to_string(now).c_str(), s.ttft_ms);
       continue;
     }
+    const size_t decode_steps = s.generated_tokens > 0 ? s.generated_tokens - 1 : 0;
     std::fprintf(stderr, "prompt: %zu tokens (%zu cached, miss=%s) in %.1f ms (%.1f tokens/s)\n",
-                 s.prompt_tokens, s.cached_tokens, s.miss.to_string(index.now_ms()).c_str(),
-                 s.prefill_ms, rate(s.prompt_tokens - s.cached_tokens, s.prefill_ms));
+                 s.prompt_tokens, s.cached_tokens, s.miss.to_string(now).c_str(), s.prefill_ms,
+                 rate(s.prompt_tokens - s.cached_tokens, s.prefill_ms));
     std::fprintf(stderr, "decode: %zu tokens, %zu steps in %.1f ms (%.1f tokens/s), finish: %s\n",
-                 s.generated_tokens, s.decode_steps, s.decode_ms, rate(s.decode_steps, s.decode_ms),
-                 s.finish_reason.c_str());
-    const size_t used_tokens = s.prompt_tokens + s.decode_steps;
+                 s.generated_tokens, decode_steps, s.decode_ms, rate(decode_steps, s.decode_ms),
+                 engine::finish_reason_name(s.finish_reason));
+    const size_t used_tokens = s.prompt_tokens + decode_steps;
     std::fprintf(stderr,
                  "KV used: %zu blocks = %zu bytes (%zu tokens x %zu bytes/token = %zu bytes "
                  "of keys and values)\n",
-                 s.kv_blocks, s.kv_bytes, used_tokens, geometry.bytes_per_token(),
+                 s.kv_blocks, s.kv_blocks * geometry.bytes_per_block(), used_tokens,
+                 geometry.bytes_per_token(),
                  used_tokens * geometry.bytes_per_token());
   }
 }

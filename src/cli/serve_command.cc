@@ -109,7 +109,7 @@ void serve(const ServeArgs& a) {
       format_bytes(model->weight_bytes()));
   // The same figures `kvcache run` and `kvcache plan` print, from the same code.
   std::istringstream summary(kv::startup_summary(
-      engine.pool().geometry(), engine.pool().arena_bytes(), config.context_length));
+      engine.geometry(), engine.arena_bytes(), config.context_length));
   for (std::string line; std::getline(summary, line);) spdlog::info("{}", line);
   const int threads = thread_count(a.threads);
   spdlog::info("{} threads, {} kernels; prefix cache {}; up to {} running, {} waiting", threads,

@@ -1,25 +1,29 @@
 // The engine: many concurrent requests turned into one stream of batched forward passes over
-// a shared, prefix-cached KV pool, on its own thread.
+// a shared, prefix-cached KV pool, on its own thread. It owns the thread, the intake queue and
+// the step loop; the Scheduler decides what runs, the KvCacheManager decides what is cached.
 //
-// Each step has a token budget: running decodes first, then chunks of pending prefills.
-// Requests are admitted when the uncached part of their prompt fits in free and evictable
-// blocks; when blocks run out mid-decode a victim (lowest priority, then newest) is preempted
-// and requeued, keeping its sealed blocks cached so that it resumes from them. Sessions pin a
-// conversation's blocks between turns.
+// Thread-safety: every public function may be called from any thread. submit() takes only the
+// intake lock; stats() reads a snapshot the step loop publishes; explain, pin, flush,
+// close_session and namespace_stats take the state lock, which a step holds only while
+// planning and while recording results, never during the forward pass. The thread sleeps when
+// no step can make progress and wakes on a submission, a cancellation, a cache operation or
+// shutdown.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
-#include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
+#include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "base/histogram.h"
 #include "base/thread_pool.h"
+#include "engine/kv_cache_manager.h"
 #include "engine/request.h"
+#include "engine/scheduler.h"
 #include "kv/block_pool.h"
 #include "kv/prefix_index.h"
 #include "model/llama_model.h"
@@ -27,9 +31,12 @@
 
 namespace kvc::engine {
 
+// Tokens per KV block unless configured otherwise (every command and the planner use it).
+inline constexpr int kDefaultBlockTokens = 16;
+
 struct EngineOptions {
-  uint64_t kv_memory_bytes = 0;  // 0: room for max_running full contexts
-  int block_tokens = 16;
+  uint64_t kv_memory_bytes = 0;  // 0: room for max_running full contexts (within 2 GiB)
+  int block_tokens = kDefaultBlockTokens;
   DType kv_dtype = DType::F32;
   int threads = 0;             // 0: all cores
   int max_batch_tokens = 512;  // tokens per forward pass (decodes + prefill chunks)
@@ -37,13 +44,13 @@ struct EngineOptions {
   size_t max_waiting = 256;    // queued requests before "overloaded"
   bool prefix_cache = true;
   bool partial_reuse = true;
-  // Admit the waiting request with the longest cached prefix first, but never pass over a
-  // request more than max_passed_over times.
   bool cache_aware = false;
   int max_passed_over = 8;
-  int reserve_blocks = 1;  // free blocks a request must leave for its decode when admitted
+  int reserve_blocks = 1;   // free blocks kept per running sequence when admitting
+  int max_preemptions = 4;  // times one request may be preempted before it is protected
   double session_ttl_ms = 10 * 60 * 1000.0;
-  size_t session_max_blocks = 0;  // 0: no cap on the blocks a session keeps pinned
+  size_t session_max_blocks = 256;      // blocks a session keeps pinned between turns
+  size_t tenant_pinned_max_blocks = 0;  // per namespace, sessions and pins; 0: pool / 4
 };
 
 struct EngineStats {
@@ -60,23 +67,22 @@ struct EngineStats {
   uint64_t cached_prompt_tokens = 0;
   uint64_t generated_tokens = 0;
   size_t sessions = 0;
-  kv::PoolCounts blocks;
+  KvCacheCounts blocks;
   kv::PrefixIndexStats cache;
 };
 
 class Engine {
  public:
-  // Builds the pool and the prefix index and starts the step thread. model and tokenizer must
-  // outlive the engine.
+  // Builds the KV cache and starts the step thread. model and tokenizer must outlive the engine.
   Engine(const model::LlamaModel& model, const model::Tokenizer& tokenizer,
          const EngineOptions& options);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Queues a request. Throws RequestError: kInvalid (bad fields), kTooLarge (could never fit
-  // the pool or the context: says how many blocks it needs and how many exist), kOverloaded
-  // (the waiting queue is full) or kShutdown.
+  // Queues a request that will run. Throws RequestError: kInvalid (bad fields), kTooLarge (its
+  // prompt and max_tokens could never fit the pool or the context: says both figures),
+  // kOverloaded (the waiting queue is full) or kShutdown.
   std::shared_ptr<RequestHandle> submit(Request request);
 
   // Stops admitting, lets running and waiting requests finish for up to drain_ms, cancels
@@ -86,11 +92,13 @@ class Engine {
   // Ends a session: its blocks are unpinned (and stay cached until evicted).
   bool close_session(const std::string& id);
 
-  // Cache operations, serialised with the step loop (each waits at most one step).
+  // Cache operations; each waits at most for a step's planning, never for a forward pass.
   kv::PrefixMatch explain(const kv::Hash256& ns, std::span<const int32_t> tokens) const;
-  size_t pin(const kv::Hash256& ns, std::span<const int32_t> tokens, double ttl_ms);
+  // Pins the prefix's cached blocks (within the tenant's pinned allowance); returns the lease.
+  kv::PinLease pin(const kv::Hash256& ns, std::span<const int32_t> tokens, double ttl_ms);
   size_t flush_cache();
 
+  // The latest snapshot (published after every step and cache operation).
   EngineStats stats() const;
   kv::NamespaceStats namespace_stats(const kv::Hash256& ns) const;
   // Latency histograms in milliseconds.
@@ -99,7 +107,10 @@ class Engine {
   const Histogram& e2e_histogram() const { return e2e_; }
   const Histogram& queue_histogram() const { return queue_; }
 
-  const kv::BlockPool& pool() const { return *pool_; }
+  const kv::KvGeometry& geometry() const { return geometry_; }
+  size_t num_blocks() const { return num_blocks_; }
+  size_t arena_bytes() const { return arena_bytes_; }
+  size_t tenant_pinned_max_blocks() const { return tenant_cap_; }
   const EngineOptions& options() const { return options_; }
   const model::LlamaModel& model() const { return model_; }
   const model::Tokenizer& tokenizer() const { return tokenizer_; }
@@ -107,59 +118,57 @@ class Engine {
   kv::Hash256 namespace_for(const std::string& tenant_salt, const std::string& adapter = "") const;
 
  private:
-  struct Sequence;
-  struct Session {
-    kv::Hash256 ns{};
-    std::vector<int32_t> pinned;  // the tokens currently pinned
-    double expires_at_ms = 0;
-  };
-
   void loop();
+  // One step; false when it could make no progress (nothing to run, nothing changed).
   bool step();
   void intake();
-  void admit();
-  bool fits(const Sequence& s) const;
-  // Whether a running request is still prefilling at least one more block that s shares
-  // (admitting s now would compute those keys and values twice).
-  bool shares_pending_prefill(const Sequence& s) const;
-  void start(Sequence& s);
-  bool make_room(Sequence& s, size_t tokens);
-  Sequence* pick_victim(const Sequence& requester);
-  void preempt(Sequence& s);
-  void finish(Sequence& s, const std::string& reason, const std::string& error = {});
+  void finish(Sequence& s, FinishReason reason, const std::string& error = {});
   void after_row(Sequence& s, std::span<const float> logits);
-  void expire_sessions();
-  void keep_session(Sequence& s);
+  // Copies the cache's counts into the stats snapshot, then tells finished requests they ended
+  // (under the state lock).
+  void publish_stats();
+  size_t scheduler_running() const;
+  void wake();
 
   const model::LlamaModel& model_;
   const model::Tokenizer& tokenizer_;
   EngineOptions options_;
   kv::Hash256 model_fingerprint_{};
-  std::unique_ptr<kv::BlockPool> pool_;
-  std::unique_ptr<kv::PrefixIndex> index_;
+  kv::KvGeometry geometry_;
+  size_t num_blocks_ = 0;
+  size_t arena_bytes_ = 0;
+  size_t tenant_cap_ = 0;
   std::unique_ptr<ThreadPool> threads_;
   model::ForwardScratch scratch_;
 
-  // Guards the pool, the index, the sequences and sessions: held by the step thread for a
-  // whole step and by cache operations.
+  // Guards the KV cache manager and the scheduler (and the sequences they hold).
   mutable std::mutex state_mu_;
-  std::vector<std::unique_ptr<Sequence>> running_;
-  std::deque<std::unique_ptr<Sequence>> waiting_;
-  std::map<std::string, Session> sessions_;
+  std::unique_ptr<KvCacheManager> kv_;
+  std::unique_ptr<Scheduler> scheduler_;
+  struct Ending {
+    std::shared_ptr<RequestHandle> handle;
+    RequestStats stats;
+    std::string error;
+  };
+  std::vector<Ending> endings_;  // finished requests not yet told (see publish_stats)
 
-  // Guards the intake queue only, so submit() never waits for a step.
+  // Guards the intake queue and the wake-up state, so submit() never waits for a step.
   mutable std::mutex intake_mu_;
   std::condition_variable intake_cv_;
   std::vector<std::unique_ptr<Sequence>> incoming_;
-  size_t queued_ = 0;                     // incoming + waiting, for the overload check
-  std::atomic<size_t> running_count_{0};  // running_.size(), readable without state_mu_
+  size_t queued_ = 0;    // incoming + waiting, for the overload check
+  uint64_t wakes_ = 0;   // bumped by every event that may let a blocked step progress
   bool accepting_ = true;
   bool stop_ = false;
   double drain_deadline_ms_ = 0;
+  // Cancellations wake the engine through this, which outlives the engine in their handles.
+  struct Waker;
+  std::shared_ptr<Waker> waker_;
 
+  std::atomic<size_t> running_count_{0};  // the scheduler's running count, read without locks
   std::atomic<uint64_t> next_id_{1};
   mutable std::mutex stats_mu_;
-  EngineStats stats_;
+  EngineStats stats_;  // counters, plus the snapshot fields published by publish_stats()
   Histogram ttft_, itl_, e2e_, queue_;
   std::thread thread_;
 };

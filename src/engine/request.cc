@@ -2,6 +2,41 @@
 
 namespace kvc::engine {
 
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone:
+      return "";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kEos:
+      return "eos";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kContext:
+      return "context";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "";
+}
+
+void RequestHandle::cancel() {
+  cancelled_.store(true);
+  std::function<void()> wake;
+  {
+    std::lock_guard lock(mu_);
+    wake = on_cancel_;
+  }
+  if (wake) wake();
+}
+
+void RequestHandle::set_on_cancel(std::function<void()> on_cancel) {
+  std::lock_guard lock(mu_);
+  on_cancel_ = std::move(on_cancel);
+}
+
 bool RequestHandle::next(TokenEvent& event) {
   std::unique_lock lock(mu_);
   cv_.wait(lock, [&] { return !events_.empty() || done_; });

@@ -1,4 +1,7 @@
 // A generation request, the stream a caller reads its tokens from, and its final statistics.
+//
+// Thread-safety: Request and RequestStats are plain values. RequestHandle is thread-safe: the
+// engine thread pushes events while any one reader thread reads them and any thread cancels.
 #pragma once
 
 #include <atomic>
@@ -6,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -44,18 +48,34 @@ class RequestError : public Error {
   RequestErrorKind kind_;
 };
 
+// Why a request ended.
+enum class FinishReason : uint8_t {
+  kNone,       // not finished yet
+  kLength,     // max_tokens generated
+  kEos,        // the model produced an end-of-generation token
+  kStop,       // a stop string or stop token
+  kContext,    // the context window is full
+  kCancelled,  // the caller cancelled (or the engine shut down)
+  kError,      // the engine failed the request (see RequestHandle::error())
+};
+
+// "length", "eos", "stop", "context", "cancelled", "error" ("" for kNone).
+const char* finish_reason_name(FinishReason reason);
+
 struct RequestStats {
   size_t prompt_tokens = 0;
   size_t cached_tokens = 0;  // at the first admission
   size_t generated_tokens = 0;
   kv::MissReason miss;
   int preemptions = 0;
-  double queue_ms = 0;  // submission to first admission
-  double ttft_ms = 0;   // submission to first token
-  double tpot_ms = 0;   // mean time per output token after the first
+  double queue_ms = 0;    // submission to first admission
+  double ttft_ms = 0;     // submission to first token
+  double tpot_ms = 0;     // mean time per output token after the first
+  double prefill_ms = 0;  // last admission to first token
+  double decode_ms = 0;   // first token to last token
   double e2e_ms = 0;
-  // "length", "eos", "stop" (a stop string or stop token), "context", "cancelled" or "error".
-  std::string finish_reason;
+  size_t kv_blocks = 0;  // blocks the sequence held at its end (shared ones included)
+  FinishReason finish_reason = FinishReason::kNone;
   std::string stop_string;  // the stop string that ended it, if any
 };
 
@@ -76,7 +96,7 @@ class RequestHandle {
   // Like next(), giving up after timeout (returns false with timed_out set).
   bool next_for(TokenEvent& event, std::chrono::milliseconds timeout, bool& timed_out);
   // Asks the engine to stop the request; it takes effect within one engine step.
-  void cancel() { cancelled_.store(true); }
+  void cancel();
   bool cancel_requested() const { return cancelled_.load(); }
   bool finished() const;
   // Final statistics (meaningful once finished).
@@ -86,7 +106,8 @@ class RequestHandle {
   // Waits for the end and returns every event's text concatenated.
   std::string wait_text();
 
-  // Engine side.
+  // Engine side: called on cancel() so that a sleeping engine notices it.
+  void set_on_cancel(std::function<void()> on_cancel);
   void push(TokenEvent event);
   void finish(const RequestStats& stats, std::string error = {});
 
@@ -94,6 +115,7 @@ class RequestHandle {
   const uint64_t id_;
   std::atomic<bool> cancelled_{false};
   mutable std::mutex mu_;
+  std::function<void()> on_cancel_;
   std::condition_variable cv_;
   std::deque<TokenEvent> events_;
   bool done_ = false;

@@ -33,7 +33,6 @@ size_t BlockPool::check(BlockId id) const {
 }
 
 std::optional<BlockId> BlockPool::allocate() {
-  if (free_list_.empty() && !(evictor_ && evictor_())) return std::nullopt;
   if (free_list_.empty()) return std::nullopt;
   const BlockId id = free_list_.back();
   free_list_.pop_back();

@@ -3,20 +3,21 @@
 // A block is free (on the free list), referenced (held by one or more sequences) or cached
 // (unreferenced but kept for reuse; the prefix index owns that state). Allocation and release
 // are O(1), and free + cached + referenced == total after every call.
+//
+// Thread-safety: none; its owner (the KV cache manager) serialises every call.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <vector>
 
 #include "base/aligned_buffer.h"
+#include "kv/block_id.h"
+#include "kv/block_source.h"
 #include "kv/kv_geometry.h"
 
 namespace kvc::kv {
-
-using BlockId = int32_t;
 
 enum class BlockState : uint8_t { kFree, kReferenced, kCached };
 
@@ -27,7 +28,7 @@ struct PoolCounts {
   size_t cached = 0;
 };
 
-class BlockPool {
+class BlockPool : public BlockSource {
  public:
   // Carves memory_bytes into whole blocks of geometry.bytes_per_block(); throws Error when the
   // geometry is invalid or not even one block fits.
@@ -38,13 +39,10 @@ class BlockPool {
   // Bytes actually allocated for blocks (num_blocks * bytes_per_block).
   size_t arena_bytes() const { return arena_.size(); }
 
-  // Takes a free block with reference count 1. When none is free it asks the evictor (if
-  // set) to free a cached block, so eviction happens only when allocation needs it; nullopt
-  // when nothing can be freed.
+  // Takes a free block with reference count 1; nullopt when the free list is empty (the pool
+  // never evicts: a BlockSource above it decides what to evict).
   std::optional<BlockId> allocate();
-  // The evictor frees one cached block (via free_cached) and returns true, or returns false
-  // when no cached block can be evicted.
-  void set_evictor(std::function<bool()> evictor) { evictor_ = std::move(evictor); }
+  std::optional<BlockId> take_block() override { return allocate(); }
   // Adds a reference to a referenced or cached block (a cached block becomes referenced).
   void retain(BlockId id);
   // Drops a reference; at zero the block becomes cached if marked cacheable, else free.
@@ -77,7 +75,6 @@ class BlockPool {
   std::vector<uint32_t> refs_;
   std::vector<uint8_t> cacheable_;
   std::vector<BlockId> free_list_;
-  std::function<bool()> evictor_;
   size_t referenced_ = 0;
   size_t cached_ = 0;
 };

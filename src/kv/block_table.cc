@@ -5,7 +5,7 @@
 namespace kvc::kv {
 
 BlockTable::BlockTable(BlockTable&& other) noexcept
-    : pool_(other.pool_), blocks_(std::move(other.blocks_)) {
+    : pool_(other.pool_), source_(other.source_), blocks_(std::move(other.blocks_)) {
   other.blocks_.clear();
 }
 
@@ -13,6 +13,7 @@ BlockTable& BlockTable::operator=(BlockTable&& other) noexcept {
   if (this != &other) {
     clear();
     pool_ = other.pool_;
+    source_ = other.source_;
     blocks_ = std::move(other.blocks_);
     other.blocks_.clear();
   }
@@ -23,7 +24,7 @@ bool BlockTable::reserve(size_t n_tokens) {
   const size_t need = pool_->geometry().blocks_for_tokens(n_tokens);
   const size_t before = blocks_.size();
   while (blocks_.size() < need) {
-    auto id = pool_->allocate();
+    auto id = source_->take_block();
     if (!id) {
       while (blocks_.size() > before) {
         pool_->release(blocks_.back());
@@ -42,7 +43,7 @@ void BlockTable::append_shared(BlockId id) {
 }
 
 BlockTable BlockTable::fork() const {
-  BlockTable copy(*pool_);
+  BlockTable copy(*pool_, source_);
   for (BlockId id : blocks_) copy.append_shared(id);
   return copy;
 }
@@ -52,7 +53,7 @@ bool BlockTable::ensure_writable(size_t pos) {
   if (index >= blocks_.size()) return true;
   const BlockId old = blocks_[index];
   if (pool_->ref_count(old) == 1 && !pool_->cacheable(old)) return true;
-  const auto fresh = pool_->allocate();
+  const auto fresh = source_->take_block();
   if (!fresh) return false;
   pool_->copy_tokens(old, *fresh, slot_of(pos));
   blocks_[index] = *fresh;

@@ -1,4 +1,6 @@
 // One sequence's view of the pool: the ordered blocks that hold its tokens' keys and values.
+//
+// Thread-safety: none; a table belongs to one sequence, used under its owner's lock.
 #pragma once
 
 #include <cstddef>
@@ -10,8 +12,10 @@ namespace kvc::kv {
 
 class BlockTable {
  public:
-  // A table drawing blocks from pool, which must outlive it.
-  explicit BlockTable(BlockPool& pool) : pool_(&pool) {}
+  // A table of pool's blocks taking fresh ones from source (default: the pool's free list);
+  // both must outlive it.
+  explicit BlockTable(BlockPool& pool, BlockSource* source = nullptr)
+      : pool_(&pool), source_(source != nullptr ? source : &pool) {}
   ~BlockTable() { clear(); }
   BlockTable(const BlockTable&) = delete;
   BlockTable& operator=(const BlockTable&) = delete;
@@ -38,6 +42,7 @@ class BlockTable {
   int block_tokens() const { return pool_->geometry().block_tokens; }
   const std::vector<BlockId>& blocks() const { return blocks_; }
   BlockPool& pool() const { return *pool_; }
+  BlockSource& source() const { return *source_; }
 
   // The block holding token position pos and the token's slot inside it.
   BlockId block_of(size_t pos) const { return blocks_[pos / block_tokens()]; }
@@ -45,6 +50,7 @@ class BlockTable {
 
  private:
   BlockPool* pool_;
+  BlockSource* source_;
   std::vector<BlockId> blocks_;
 };
 

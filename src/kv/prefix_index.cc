@@ -77,7 +77,7 @@ struct PrefixIndex::Node {
   Hash256 hash{};
   std::map<std::vector<int32_t>, std::unique_ptr<Node>, TokensLess> children;
   uint64_t last_access = 0;
-  double pinned_until = 0;
+  std::vector<std::pair<uint64_t, double>> pins;  // (lease, expiry) of the leases covering it
   bool in_lru = false;
   bool partial = false;
 };
@@ -110,11 +110,14 @@ size_t PrefixIndex::HashKey::operator()(const Hash256& h) const {
 PrefixIndex::PrefixIndex(BlockPool& pool, PrefixIndexOptions options, Clock clock)
     : pool_(pool), options_(options), clock_(std::move(clock)) {
   node_of_block_.assign(pool.num_blocks(), nullptr);
-  pool_.set_evictor([this] { return evict(1) == 1; });
 }
 
-PrefixIndex::~PrefixIndex() {
-  pool_.set_evictor(nullptr);
+PrefixIndex::~PrefixIndex() = default;
+
+std::optional<BlockId> PrefixIndex::take_block() {
+  if (auto id = pool_.allocate()) return id;
+  if (evict(1) == 0) return std::nullopt;
+  return pool_.allocate();
 }
 
 PrefixIndex::Space& PrefixIndex::space(const Hash256& ns) {
@@ -152,7 +155,13 @@ PrefixIndex::Walk PrefixIndex::walk(const Hash256& ns, std::span<const int32_t> 
   w.space = find_space(ns);
   const size_t block = pool_.geometry().block_tokens;
   if (w.space == nullptr) {
-    if (limit > 0) w.miss = {MissKind::kCold, 0, 0};
+    if (limit == 0) return w;
+    w.miss = {MissKind::kCold, 0, 0};
+    // A namespace emptied by eviction is dropped, but the ledger still knows its first block.
+    if (block <= tokens.size()) {
+      auto gone = ledger_.find(chain_hash(ns, Hash256{}, tokens.subspan(0, block)));
+      if (gone != ledger_.end()) w.miss = {gone->second.kind, 0, gone->second.at_ms};
+    }
     return w;
   }
   const Node* node = &w.space->root;
@@ -208,6 +217,7 @@ PrefixMatch PrefixIndex::explain(const Hash256& ns, std::span<const int32_t> tok
   const Walk w = walk(ns, tokens, limit);
   PrefixMatch m;
   m.shared_blocks = w.path.size();
+  for (const Node* n : w.path) m.shared_unreferenced += pool_.ref_count(n->block) == 0;
   m.copied_tokens = options_.partial_reuse ? w.partial_tokens : 0;
   m.cached_tokens = w.full_tokens + m.copied_tokens;
   m.miss = w.miss;
@@ -221,6 +231,7 @@ PrefixMatch PrefixIndex::match(const Hash256& ns, std::span<const int32_t> token
   PrefixMatch m;
   m.miss = w.miss;
   for (Node* n : w.path) {
+    m.shared_unreferenced += pool_.ref_count(n->block) == 0;
     table.append_shared(n->block);
     touch(n);
   }
@@ -230,7 +241,7 @@ PrefixMatch PrefixIndex::match(const Hash256& ns, std::span<const int32_t> token
     // Hold the source while allocating, so the eviction an allocation may trigger cannot
     // take it.
     pool_.retain(w.partial->block);
-    const auto fresh = pool_.allocate();
+    const auto fresh = table.source().take_block();
     if (fresh) {
       pool_.copy_tokens(w.partial->block, *fresh, static_cast<int>(w.partial_tokens));
       table.append_owned(*fresh);
@@ -243,6 +254,7 @@ PrefixMatch PrefixIndex::match(const Hash256& ns, std::span<const int32_t> token
     pool_.release(w.partial->block);
   }
   if (options_.enabled) {
+    // The sequence's insert() drops the namespace again if it ends up caching nothing.
     Space& sp = space(ns);
     sp.queried_tokens += tokens.size();
     sp.hit_tokens += m.cached_tokens;
@@ -276,6 +288,12 @@ PrefixIndex::Node* PrefixIndex::add_child(Space& sp, Node& parent, std::vector<i
 }
 
 void PrefixIndex::insert(const Hash256& ns, std::span<const int32_t> tokens, size_t n_tokens,
+                         const BlockTable& table, bool include_partial) {
+  insert_blocks(ns, tokens, n_tokens, table, include_partial);
+  drop_if_empty(find_space(ns));
+}
+
+void PrefixIndex::insert_blocks(const Hash256& ns, std::span<const int32_t> tokens, size_t n_tokens,
                          const BlockTable& table, bool include_partial) {
   if (!options_.enabled) return;
   const size_t block = pool_.geometry().block_tokens;
@@ -322,9 +340,20 @@ bool PrefixIndex::make_room(Space& sp, const Node* keep) {
   return true;
 }
 
+bool PrefixIndex::pinned(const Node& n) const {
+  if (n.pins.empty()) return false;
+  const double now = clock_();
+  return std::any_of(n.pins.begin(), n.pins.end(), [&](const auto& p) { return p.second > now; });
+}
+
 bool PrefixIndex::evictable(const Node& n, bool ignore_pins) const {
   return n.children.empty() && pool_.state(n.block) == BlockState::kCached &&
-         (ignore_pins || n.pinned_until <= clock_());
+         (ignore_pins || !pinned(n));
+}
+
+void PrefixIndex::drop_if_empty(const Space* sp) {
+  if (sp == nullptr || sp->blocks != 0 || sp->quota != 0) return;
+  spaces_.erase(sp->ns);
 }
 
 PrefixIndex::Node* PrefixIndex::oldest_evictable(const Space* only, bool ignore_pins,
@@ -353,7 +382,9 @@ size_t PrefixIndex::evict(size_t n, bool ignore_pins) {
   while (done < n) {
     Node* victim = oldest_evictable(nullptr, ignore_pins);
     if (victim == nullptr) break;
+    const Space* sp = victim->space;
     remove_leaf(victim, MissKind::kEvicted);
+    drop_if_empty(sp);
     ++done;
   }
   return done;
@@ -362,7 +393,9 @@ size_t PrefixIndex::evict(size_t n, bool ignore_pins) {
 size_t PrefixIndex::flush() {
   size_t done = 0;
   while (Node* victim = oldest_evictable(nullptr, true)) {
+    const Space* sp = victim->space;
     remove_leaf(victim, MissKind::kEvicted);
+    drop_if_empty(sp);
     ++done;
   }
   return done;
@@ -405,18 +438,50 @@ void PrefixIndex::remember(const Hash256& hash, MissKind kind) {
   }
 }
 
-size_t PrefixIndex::pin(const Hash256& ns, std::span<const int32_t> tokens, double ttl_ms) {
+PinLease PrefixIndex::pin(const Hash256& ns, std::span<const int32_t> tokens, double ttl_ms,
+                          size_t max_blocks) {
   if (!(ttl_ms > 0)) fail("pin: time-to-live must be positive, got {} ms", ttl_ms);
   const Walk w = walk(ns, tokens, tokens.size());
+  const size_t blocks = std::min(w.path.size(), max_blocks);
+  if (blocks == 0) return {};
+  const uint64_t id = next_lease_++;
   const double until = clock_() + ttl_ms;
-  for (Node* n : w.path) n->pinned_until = std::max(n->pinned_until, until);
-  return w.full_tokens;
+  for (size_t i = 0; i < blocks; ++i) w.path[i]->pins.emplace_back(id, until);
+  const size_t n_tokens = blocks * static_cast<size_t>(pool_.geometry().block_tokens);
+  leases_.emplace(id, Lease{ns, std::vector<int32_t>(tokens.begin(), tokens.begin() + n_tokens),
+                            until});
+  return {id, n_tokens};
 }
 
-size_t PrefixIndex::unpin(const Hash256& ns, std::span<const int32_t> tokens) {
-  const Walk w = walk(ns, tokens, tokens.size());
-  for (Node* n : w.path) n->pinned_until = 0;
-  return w.full_tokens;
+bool PrefixIndex::unpin(uint64_t lease) {
+  auto it = leases_.find(lease);
+  if (it == leases_.end()) return false;
+  // The lease's blocks are found again by their tokens: some may have been evicted since (a
+  // flush ignores pins), and only the live ones carry the lease.
+  const Walk w = walk(it->second.ns, it->second.tokens, it->second.tokens.size());
+  for (Node* n : w.path) {
+    std::erase_if(n->pins, [&](const auto& p) { return p.first == lease; });
+  }
+  leases_.erase(it);
+  return true;
+}
+
+size_t PrefixIndex::expire_pins() {
+  const double now = clock_();
+  std::vector<uint64_t> expired;
+  for (const auto& [id, lease] : leases_) {
+    if (lease.until <= now) expired.push_back(id);
+  }
+  for (uint64_t id : expired) unpin(id);
+  return expired.size();
+}
+
+size_t PrefixIndex::pinned_unreferenced_blocks() const {
+  size_t n = 0;
+  for (const Node* node : node_of_block_) {
+    if (node != nullptr && pool_.ref_count(node->block) == 0 && pinned(*node)) ++n;
+  }
+  return n;
 }
 
 void PrefixIndex::set_quota(const Hash256& ns, size_t max_blocks) {
@@ -427,6 +492,7 @@ void PrefixIndex::set_quota(const Hash256& ns, size_t max_blocks) {
     if (victim == nullptr) break;
     remove_leaf(victim, MissKind::kQuota);
   }
+  drop_if_empty(&sp);
 }
 
 PrefixIndexStats PrefixIndex::stats() const {
@@ -438,7 +504,17 @@ PrefixIndexStats PrefixIndex::stats() const {
 NamespaceStats PrefixIndex::namespace_stats(const Hash256& ns) const {
   const Space* sp = find_space(ns);
   if (sp == nullptr) return {};
-  return NamespaceStats{sp->blocks, sp->quota, sp->queried_tokens, sp->hit_tokens};
+  size_t pinned_blocks = 0;
+  std::vector<const Node*> stack = {&sp->root};
+  while (!stack.empty()) {
+    const Node* n = stack.back();
+    stack.pop_back();
+    for (const auto& [key, child] : n->children) {
+      pinned_blocks += pinned(*child);
+      stack.push_back(child.get());
+    }
+  }
+  return NamespaceStats{sp->blocks, pinned_blocks, sp->quota, sp->queried_tokens, sp->hit_tokens};
 }
 
 size_t PrefixIndex::index_bytes() const {

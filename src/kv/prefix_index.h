@@ -3,6 +3,8 @@
 // that matches only in part is reused by copying its matching tokens; memory is reclaimed
 // only when an allocation finds no free block, from unreferenced leaves, least recently used
 // first; and every lookup that stops early says why.
+//
+// Thread-safety: none; its owner (the KV cache manager) serialises every call.
 #pragma once
 
 #include <cstddef>
@@ -51,7 +53,17 @@ struct PrefixMatch {
   size_t cached_tokens = 0;  // tokens whose keys and values the table now holds
   size_t shared_blocks = 0;  // full blocks shared with the cache
   size_t copied_tokens = 0;  // tokens copied from a partly matching block
+  // Of the shared blocks, those no sequence held at lookup time: the match takes them out of
+  // the evictable set, so an admission check must not count them as room as well.
+  size_t shared_unreferenced = 0;
   MissReason miss;
+};
+
+// A pin of a prefix's cached blocks until an expiry; pins compose: a block stays pinned while
+// any live lease covers it, and releasing one lease leaves the others.
+struct PinLease {
+  uint64_t id = 0;    // 0: nothing was pinned
+  size_t tokens = 0;  // tokens of the prefix whose blocks the lease covers
 };
 
 struct PrefixIndexOptions {
@@ -71,14 +83,15 @@ struct PrefixIndexStats {
 
 struct NamespaceStats {
   size_t blocks = 0;
+  size_t pinned_blocks = 0;  // blocks under a live pin (referenced or not)
   size_t quota = 0;  // 0: unlimited
   uint64_t queried_tokens = 0;
   uint64_t hit_tokens = 0;
 };
 
-class PrefixIndex {
+class PrefixIndex : public BlockSource {
  public:
-  // Installs itself as pool's evictor; pool must outlive the index.
+  // An index over pool's blocks; pool must outlive the index.
   explicit PrefixIndex(BlockPool& pool, PrefixIndexOptions options = {},
                        Clock clock = steady_clock_ms());
   ~PrefixIndex();
@@ -87,7 +100,7 @@ class PrefixIndex {
 
   // Finds the longest cached prefix of tokens[0, limit) in namespace ns and appends it to the
   // empty table: whole blocks shared, then the matching part of one more block copied into a
-  // fresh block. Says why it stopped when it stopped before limit.
+  // fresh block taken from the table's source. Says why it stopped when it stopped before limit.
   PrefixMatch match(const Hash256& ns, std::span<const int32_t> tokens, size_t limit,
                     BlockTable& table);
   // What match() would return, without taking blocks, copying or touching recency.
@@ -99,11 +112,18 @@ class PrefixIndex {
   void insert(const Hash256& ns, std::span<const int32_t> tokens, size_t n_tokens,
               const BlockTable& table, bool include_partial);
 
-  // Pins the cached full blocks of the prefix tokens until now + ttl_ms; eviction skips
-  // them. Returns the tokens pinned.
-  size_t pin(const Hash256& ns, std::span<const int32_t> tokens, double ttl_ms);
-  // Unpins the cached full blocks of the prefix; returns the tokens unpinned.
-  size_t unpin(const Hash256& ns, std::span<const int32_t> tokens);
+  // Pins the first (at most max_blocks) cached full blocks of the prefix tokens until
+  // now + ttl_ms under a new lease; eviction skips pinned blocks unless told otherwise.
+  PinLease pin(const Hash256& ns, std::span<const int32_t> tokens, double ttl_ms,
+               size_t max_blocks = SIZE_MAX);
+  // Ends one lease (early); other leases on the same blocks stay. False if it is not live.
+  bool unpin(uint64_t lease);
+  // Forgets leases whose expiry has passed; returns how many.
+  size_t expire_pins();
+  // Live leases.
+  size_t pin_count() const { return leases_.size(); }
+  // Unreferenced blocks under a live pin (cached but not evictable without ignoring pins).
+  size_t pinned_unreferenced_blocks() const;
   // Caps the blocks ns may keep cached (0: no cap).
   void set_quota(const Hash256& ns, size_t max_blocks);
 
@@ -112,6 +132,8 @@ class PrefixIndex {
   size_t evict(size_t n, bool ignore_pins = false);
   // Evicts every unreferenced block, pinned or not; returns how many.
   size_t flush();
+  // A free block, evicting the least recently used unpinned block when none is free.
+  std::optional<BlockId> take_block() override;
 
   PrefixIndexStats stats() const;
   NamespaceStats namespace_stats(const Hash256& ns) const;
@@ -137,6 +159,8 @@ class PrefixIndex {
 
   Walk walk(const Hash256& ns, std::span<const int32_t> tokens, size_t limit) const;
   Space& space(const Hash256& ns);
+  void insert_blocks(const Hash256& ns, std::span<const int32_t> tokens, size_t n_tokens,
+                     const BlockTable& table, bool include_partial);
   const Space* find_space(const Hash256& ns) const;
   Node* add_child(Space& sp, Node& parent, std::vector<int32_t> key, BlockId block);
   // Evicts the namespace's oldest leaves until it is under its quota, never `keep` (the node
@@ -149,6 +173,14 @@ class PrefixIndex {
   void lru_add(Node* n);
   void lru_remove(Node* n);
   void remember(const Hash256& hash, MissKind kind);
+  bool pinned(const Node& n) const;
+  // Drops a namespace that holds no blocks and has no quota (its stats go with it).
+  void drop_if_empty(const Space* sp);
+  struct Lease {
+    Hash256 ns{};
+    std::vector<int32_t> tokens;  // the pinned prefix
+    double until = 0;
+  };
 
   BlockPool& pool_;
   PrefixIndexOptions options_;
@@ -160,6 +192,8 @@ class PrefixIndex {
   std::unordered_map<Hash256, LedgerEntry, HashKey> ledger_;
   std::deque<std::pair<Hash256, uint64_t>> ledger_order_;
   uint64_t ledger_stamp_ = 0;
+  std::map<uint64_t, Lease> leases_;
+  uint64_t next_lease_ = 1;
   PrefixIndexStats stats_;
 };
 

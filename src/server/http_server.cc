@@ -104,8 +104,8 @@ nlohmann::json usage_of(const Generation& gen, size_t samples_per_prompt) {
 // Why a request ended without completing, as an API error (nullopt when it completed).
 std::optional<ApiError> failure_of(const engine::RequestHandle& h) {
   const std::string error = h.error();
-  if (error.empty() && h.stats().finish_reason != "cancelled") return std::nullopt;
-  if (h.stats().finish_reason == "cancelled") {
+  if (error.empty() && h.stats().finish_reason != engine::FinishReason::kCancelled) return std::nullopt;
+  if (h.stats().finish_reason == engine::FinishReason::kCancelled) {
     return ApiError(503, "server_error", error.empty() ? "the request was cancelled" : error, "",
                     "cancelled");
   }
@@ -209,7 +209,7 @@ class SseStream {
       const engine::RequestStats s = h.stats();
       nlohmann::json choice = {{"index", i},
                                {"logprobs", nullptr},
-                               {"finish_reason", openai_finish_reason(s.finish_reason)}};
+                               {"finish_reason", openai_finish_reason(engine::finish_reason_name(s.finish_reason))}};
       if (shape_.chat) {
         choice["delta"] = nlohmann::json::object();
       } else {
@@ -550,7 +550,7 @@ void HttpServer::completions(const httplib::Request& req, httplib::Response& res
   const uint64_t seed = r.seed ? *r.seed : random_seed();
   // Without max_tokens a chat reply may run to the end of the context, or of what the KV pool
   // holds when that is less, so that leaving it out is never refused as too large.
-  const size_t pool_tokens = engine.pool().num_blocks() * engine.pool().geometry().block_tokens;
+  const size_t pool_tokens = engine.num_blocks() * engine.geometry().block_tokens;
   const size_t room = std::min(context, pool_tokens);
   std::vector<engine::Request> requests;
   for (const auto& prompt : prompts) {
@@ -635,7 +635,7 @@ void HttpServer::completions(const httplib::Request& req, httplib::Response& res
     if (const auto failure = failure_of(gen->handle(i))) throw *failure;
     nlohmann::json choice = {
         {"index", i},
-        {"finish_reason", openai_finish_reason(gen->handle(i).stats().finish_reason)}};
+        {"finish_reason", openai_finish_reason(engine::finish_reason_name(gen->handle(i).stats().finish_reason))}};
     if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", out[i].text}};
       choice["logprobs"] =
@@ -727,7 +727,7 @@ void HttpServer::cache_stats(const httplib::Request& req, httplib::Response& res
   const Backend& b = backend();
   const engine::Engine& engine = *b.engine;
   const engine::EngineStats st = engine.stats();
-  const kv::KvGeometry& g = engine.pool().geometry();
+  const kv::KvGeometry& g = engine.geometry();
   kv::NamespaceStats own;
   {
     std::set<kv::Hash256> spaces;
@@ -752,11 +752,12 @@ void HttpServer::cache_stats(const httplib::Request& req, httplib::Response& res
                       {"block_tokens", g.block_tokens},
                       {"bytes_per_token", g.bytes_per_token()},
                       {"bytes_per_block", g.bytes_per_block()},
-                      {"pool_bytes", engine.pool().arena_bytes()},
+                      {"pool_bytes", engine.arena_bytes()},
                       {"blocks",
                        {{"total", st.blocks.total},
                         {"free", st.blocks.free},
                         {"cached", st.blocks.cached},
+                        {"pinned", st.blocks.pinned},
                         {"referenced", st.blocks.referenced}}},
                       {"usage", st.blocks.total ? static_cast<double>(st.blocks.referenced) /
                                                       static_cast<double>(st.blocks.total)
@@ -849,7 +850,7 @@ void HttpServer::cache_pin(const httplib::Request& req, httplib::Response& res) 
     if (const auto failure = failure_of(gen.handle(0))) throw *failure;
     warmed = true;
   }
-  const size_t pinned = engine.pin(ns, tokens, *ttl * 1000.0);
+  const size_t pinned = engine.pin(ns, tokens, *ttl * 1000.0).tokens;
   send_json(res, 200,
             {{"tenant", target},
              {"prompt_tokens", tokens.size()},

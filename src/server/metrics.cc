@@ -72,7 +72,6 @@ std::string render_metrics(const engine::Engine& engine, const std::string& mode
                            const std::vector<TenantNamespaces>& tenants,
                            const std::map<int, uint64_t>& http_responses) {
   const engine::EngineStats st = engine.stats();
-  const kv::BlockPool& pool = engine.pool();
   const auto& options = engine.options();
   PrometheusText p;
   const auto d = [](auto v) { return static_cast<double>(v); };
@@ -85,17 +84,19 @@ std::string render_metrics(const engine::Engine& engine, const std::string& mode
            1);
 
   p.family("kvcache_kv_blocks", "gauge",
-           "KV blocks by state: free, cached (unreferenced, kept for reuse, evictable) and "
-           "referenced (held by running requests or sessions).");
+           "KV blocks by state: free, cached (unreferenced, kept for reuse, evictable), pinned "
+           "(unreferenced, kept by a session or a pin until it ends or room is needed) and "
+           "referenced (held by running requests).");
   p.sample("kvcache_kv_blocks", {{"state", "free"}}, d(st.blocks.free));
   p.sample("kvcache_kv_blocks", {{"state", "cached"}}, d(st.blocks.cached));
+  p.sample("kvcache_kv_blocks", {{"state", "pinned"}}, d(st.blocks.pinned));
   p.sample("kvcache_kv_blocks", {{"state", "referenced"}}, d(st.blocks.referenced));
   p.family("kvcache_kv_blocks_capacity", "gauge", "KV blocks in the pool.");
   p.sample("kvcache_kv_blocks_capacity", {}, d(st.blocks.total));
   p.family("kvcache_kv_block_tokens", "gauge", "Tokens per KV block.");
   p.sample("kvcache_kv_block_tokens", {}, d(options.block_tokens));
   p.family("kvcache_kv_pool_bytes", "gauge", "Bytes of the KV pool's arena.");
-  p.sample("kvcache_kv_pool_bytes", {}, d(pool.arena_bytes()));
+  p.sample("kvcache_kv_pool_bytes", {}, d(engine.arena_bytes()));
   p.family("kvcache_kv_usage_ratio", "gauge",
            "Fraction of KV blocks referenced by running requests or sessions (cached blocks "
            "are reclaimable and not counted).");

@@ -9,12 +9,17 @@
 #include <cstring>
 #include <future>
 
-#include "engine/generator.h"
+#include "reference_generator.h"
 #include "model/sampler.h"
 #include "test_models.h"
 
 namespace kvc::engine {
 namespace {
+
+using kvc::testing::CacheContext;
+using kvc::testing::GenerationOptions;
+using kvc::testing::GenerationStats;
+using kvc::testing::Generator;
 
 using ::testing::HasSubstr;
 
@@ -122,14 +127,14 @@ TEST(Engine, ConcurrentBatchedChunkedPreemptedRequestsMatchSoloRuns) {
                                logits[k].size() * sizeof(float)))
           << "request " << i << " step " << k;
     }
-    EXPECT_EQ(outcomes[i].stats.finish_reason, "length");
+    EXPECT_EQ(outcomes[i].stats.finish_reason, FinishReason::kLength);
   }
   EXPECT_GT(preemptions, 0) << "the pool was meant to be too small for all at once";
   const EngineStats s = engine.stats();
   EXPECT_EQ(s.blocks.referenced, 0u);
   EXPECT_GT(s.cached_prompt_tokens, 0u);
   engine.flush_cache();
-  EXPECT_EQ(engine.stats().blocks.free, engine.pool().num_blocks());  // no leaks
+  EXPECT_EQ(engine.stats().blocks.free, engine.num_blocks());  // no leaks
 }
 
 TEST(Engine, ExhaustedPoolStillFinishesEveryLongRequest) {
@@ -152,7 +157,7 @@ TEST(Engine, ExhaustedPoolStillFinishesEveryLongRequest) {
   }
   EXPECT_GT(engine.stats().preemptions, 0u);
   engine.flush_cache();
-  EXPECT_EQ(engine.stats().blocks.free, engine.pool().num_blocks());
+  EXPECT_EQ(engine.stats().blocks.free, engine.num_blocks());
 }
 
 TEST(Engine, CancelStopsWithinAStepAndFreesBlocks) {
@@ -166,9 +171,9 @@ TEST(Engine, CancelStopsWithinAStepAndFreesBlocks) {
   ASSERT_TRUE(h->next(e));
   h->cancel();
   const Outcome out = collect(*h);
-  EXPECT_EQ(out.stats.finish_reason, "cancelled");
+  EXPECT_EQ(out.stats.finish_reason, FinishReason::kCancelled);
   EXPECT_LT(out.stats.generated_tokens, 400u);
-  EXPECT_EQ(engine.stats().blocks.free, engine.pool().num_blocks());
+  EXPECT_EQ(engine.stats().blocks.free, engine.num_blocks());
 }
 
 TEST(Engine, OverloadAndOversizeAreClearErrors) {
@@ -271,12 +276,12 @@ TEST(Engine, FinishReasons) {
   Engine engine(*m.model, *m.tokenizer, o);
   const auto prompt = m.tokenizer->encode("Once upon a time", true);
   Request r = greedy(prompt, 5);
-  EXPECT_EQ(collect(*engine.submit(r)).stats.finish_reason, "length");
+  EXPECT_EQ(collect(*engine.submit(r)).stats.finish_reason, FinishReason::kLength);
   if (!testing::stories_model_path().empty()) {
     r.max_tokens = 100;
     r.stop = {"girl"};
     const Outcome stopped = collect(*engine.submit(r));
-    EXPECT_EQ(stopped.stats.finish_reason, "stop");
+    EXPECT_EQ(stopped.stats.finish_reason, FinishReason::kStop);
     EXPECT_EQ(stopped.text, ", there was a little ");
     EXPECT_EQ(stopped.stats.stop_string, "girl");
   }
@@ -290,7 +295,7 @@ TEST(Engine, FinishReasons) {
     sampled.ignore_eos = false;
     sampled.sampling = {1.0f, 0, 1.0f, 0.0f, 1.0f, 64, seed};
     const Outcome out = collect(*tiny_engine.submit(sampled));
-    if (out.stats.finish_reason != "eos") continue;
+    if (out.stats.finish_reason != FinishReason::kEos) continue;
     saw_eos = true;
     EXPECT_EQ(out.tokens.back(), tiny.tokenizer->eos_id());
     EXPECT_EQ(out.stats.generated_tokens, out.tokens.size());
@@ -302,7 +307,7 @@ TEST(Engine, FinishReasons) {
   ASSERT_GE(free_run.tokens.size(), 4u);
   until_token.stop_tokens = {free_run.tokens[3]};
   const Outcome stopped_at_token = collect(*tiny_engine.submit(until_token));
-  EXPECT_EQ(stopped_at_token.stats.finish_reason, "stop");
+  EXPECT_EQ(stopped_at_token.stats.finish_reason, FinishReason::kStop);
   const size_t first = static_cast<size_t>(
       std::find(free_run.tokens.begin(), free_run.tokens.end(), free_run.tokens[3]) -
       free_run.tokens.begin());
@@ -310,7 +315,7 @@ TEST(Engine, FinishReasons) {
   until_token.stop_tokens = {tiny.model->config().n_vocab};
   EXPECT_THROW(tiny_engine.submit(until_token), RequestError);
   Request near_end = greedy(std::vector<int32_t>(tiny.model->config().context_length - 3, 5), 50);
-  EXPECT_EQ(collect(*tiny_engine.submit(near_end)).stats.finish_reason, "context");
+  EXPECT_EQ(collect(*tiny_engine.submit(near_end)).stats.finish_reason, FinishReason::kContext);
 }
 
 TEST(Engine, ShutdownDrainsThenCancels) {

@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "engine/generator.h"
+#include "reference_generator.h"
 #include "kv/cache_namespace.h"
 #include "model/model_fingerprint.h"
 #include "model/sampler.h"
@@ -13,6 +13,11 @@
 
 namespace kvc::engine {
 namespace {
+
+using kvc::testing::CacheContext;
+using kvc::testing::GenerationOptions;
+using kvc::testing::GenerationStats;
+using kvc::testing::Generator;
 
 struct Trace {
   std::vector<int32_t> tokens;

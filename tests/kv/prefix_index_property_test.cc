@@ -80,8 +80,11 @@ bool starts_with(const std::vector<int32_t>& v, std::span<const int32_t> p) {
 }
 
 struct Seq {
-  Seq(BlockPool& pool, int ns_id, std::vector<int32_t> script)
-      : ns(ns_id), tokens(std::move(script)), values(prefix_values(ns, tokens)), table(pool) {}
+  Seq(BlockPool& pool, BlockSource& source, int ns_id, std::vector<int32_t> script)
+      : ns(ns_id),
+        tokens(std::move(script)),
+        values(prefix_values(ns, tokens)),
+        table(pool, &source) {}
   int ns;
   std::vector<int32_t> tokens;  // the whole script: prompt, then what it will generate
   std::vector<uint32_t> values;
@@ -96,7 +99,10 @@ struct Entry {
   size_t key = 0;               // this block's tokens; fewer than kBlock: a partial leaf
   BlockId block = -1;
   uint64_t access = 0;
-  double pinned_until = 0;
+  std::vector<std::pair<uint64_t, double>> pins;  // (lease, expiry)
+  bool pinned(double now) const {
+    return std::any_of(pins.begin(), pins.end(), [&](const auto& p) { return p.second > now; });
+  }
   size_t parent_len() const { return prefix.size() - key; }
 };
 
@@ -232,7 +238,7 @@ class Harness {
       const Entry& e = m.entries[i];
       if (keep != nullptr && e.ns == keep->ns && e.prefix == keep->prefix) continue;
       if (only_ns >= 0 && e.ns != only_ns) continue;
-      if (holders_[e.block] > 0 || (!ignore_pins && e.pinned_until > now_)) continue;
+      if (holders_[e.block] > 0 || (!ignore_pins && e.pinned(now_))) continue;
       if (has_children(m, e)) continue;
       if (best < 0 || e.access < m.entries[best].access) best = static_cast<int>(i);
     }
@@ -343,7 +349,7 @@ class Harness {
         remove(m, v);
       }
       if (refused) return;
-      m.entries.push_back(Entry{s.ns, prefix, end - begin, b, ++m.tick, 0});
+      m.entries.push_back(Entry{s.ns, prefix, end - begin, b, ++m.tick, {}});
       if (end - begin < kBlock) return;
     }
   }
@@ -555,7 +561,7 @@ class Harness {
     size_t prompt = 0;
     auto script = make_script(&prompt);
     auto s =
-        std::make_unique<Seq>(pool_, static_cast<int>(uni(0, kNamespaces - 1)), std::move(script));
+        std::make_unique<Seq>(pool_, index_, static_cast<int>(uni(0, kNamespaces - 1)), std::move(script));
     const size_t limit = prompt > 1 && uni(0, 1) == 0 ? prompt - 1 : prompt;
     match(*s, limit);
     live_.push_back(std::move(s));
@@ -588,7 +594,7 @@ class Harness {
     std::vector<int32_t> script(from.tokens.begin(),
                                 from.tokens.begin() + static_cast<std::ptrdiff_t>(from.written));
     for (size_t n = uni(1, 8); n > 0 && script.size() < kMaxTokens; --n) script.push_back(token());
-    auto f = std::make_unique<Seq>(pool_, from.ns, std::move(script));
+    auto f = std::make_unique<Seq>(pool_, index_, from.ns, std::move(script));
     f->table = from.table.fork();
     f->written = from.written;
     note(fmt::format("fork ns{} at {}", f->ns, f->written));
@@ -615,20 +621,34 @@ class Harness {
     return t;
   }
 
+  // A pin is a lease on the prefix's cached blocks; unpinning ends one lease and leaves the
+  // others on the same blocks.
   void op_pin(bool pin) {
+    if (!pin) {
+      if (leases_.empty()) return;
+      const size_t i = uni(0, leases_.size() - 1);
+      const auto [id, ns, tokens] = leases_[i];
+      leases_.erase(leases_.begin() + static_cast<std::ptrdiff_t>(i));
+      for (size_t e : predict(model_, ns, tokens, tokens.size()).path) {
+        std::erase_if(model_.entries[e].pins, [&](const auto& p) { return p.first == id; });
+      }
+      note(fmt::format("unpin lease {}", id));
+      EXPECT_TRUE(index_.unpin(id)) << "unpin";
+      return;
+    }
     const int ns = static_cast<int>(uni(0, kNamespaces - 1));
     const auto tokens = some_prompt();
     const Prediction p = predict(model_, ns, tokens, tokens.size());
     const double ttl = static_cast<double>(uni(1, 60));
-    for (size_t e : p.path) {
-      double& until = model_.entries[e].pinned_until;
-      until = pin ? std::max(until, now_ + ttl) : 0;
-    }
-    const size_t got =
-        pin ? index_.pin(ns_hash(ns), tokens, ttl) : index_.unpin(ns_hash(ns), tokens);
-    note(fmt::format("{} ns{} len{} ttl{} -> {}", pin ? "pin" : "unpin", ns, tokens.size(), ttl,
-                     got));
-    EXPECT_EQ(got, p.full) << (pin ? "pin" : "unpin");
+    const PinLease lease = index_.pin(ns_hash(ns), tokens, ttl);
+    note(fmt::format("pin ns{} len{} ttl{} -> lease {} {} tokens", ns, tokens.size(), ttl,
+                     lease.id, lease.tokens));
+    EXPECT_EQ(lease.tokens, p.full) << "pin";
+    EXPECT_EQ(lease.id != 0, p.full > 0) << "pin";
+    if (lease.id == 0) return;
+    for (size_t e : p.path) model_.entries[e].pins.emplace_back(lease.id, now_ + ttl);
+    leases_.emplace_back(lease.id, ns,
+                         std::vector<int32_t>(tokens.begin(), tokens.begin() + lease.tokens));
   }
 
   void op_quota() {
@@ -678,7 +698,7 @@ class Harness {
     if (uni(0, 2) == 0) {
       const uint64_t fresh = next_fresh_ns_++;
       const PrefixMatch ex = index_.explain(ns_hash(fresh), tokens, limit);
-      BlockTable table(pool_);
+      BlockTable table(pool_, &index_);
       const PrefixMatch m = index_.match(ns_hash(fresh), tokens, limit, table);
       note(fmt::format("cold lookup len{} limit{} -> {}", tokens.size(), limit, m.cached_tokens));
       for (const PrefixMatch* r : {&ex, &m}) {
@@ -802,6 +822,7 @@ class Harness {
   uint64_t next_fresh_ns_ = 1000;
   int step_ = 0;
   size_t matches_ = 0, hit_tokens_ = 0, copies_ = 0, evictions_ = 0;
+  std::vector<std::tuple<uint64_t, int, std::vector<int32_t>>> leases_;  // live pins
 };
 
 void run_config(const Config& config, std::initializer_list<uint64_t> seeds, int steps) {

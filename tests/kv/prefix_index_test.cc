@@ -41,7 +41,7 @@ struct Fixture {
   // Runs a whole sequence: match, write the rest, index it, release. Returns the match.
   PrefixMatch run(const Hash256& ns, const std::vector<int32_t>& tokens, bool keep = false,
                   BlockTable* out = nullptr) {
-    BlockTable t(pool);
+    BlockTable t(pool, &index);  // allocation evicts the index's LRU blocks
     const PrefixMatch m = index.match(ns, tokens, tokens.size() - 1, t);
     EXPECT_TRUE(t.reserve(tokens.size()));
     for (size_t p = 0; p < m.cached_tokens; ++p) {
@@ -180,7 +180,7 @@ TEST(PrefixIndex, ReferencedBlocksAreNeverEvicted) {
   BlockTable held(f.pool);
   f.run(f.ns_a, iota(8), true, &held);  // 2 blocks, still referenced
   EXPECT_EQ(f.index.evict(10), 0u);
-  BlockTable t(f.pool);
+  BlockTable t(f.pool, &f.index);
   EXPECT_TRUE(t.reserve(8));
   EXPECT_FALSE(t.reserve(12));  // pool exhausted, nothing evictable
   t.clear();
@@ -192,15 +192,64 @@ TEST(PrefixIndex, ReferencedBlocksAreNeverEvicted) {
 TEST(PrefixIndex, PinsHoldUntilTheirTimeToLive) {
   Fixture f(4);
   f.run(f.ns_a, iota(8));
-  EXPECT_EQ(f.index.pin(f.ns_a, iota(8), 1000), 8u);
+  EXPECT_EQ(f.index.pin(f.ns_a, iota(8), 1000).tokens, 8u);
   EXPECT_EQ(f.index.evict(10), 0u);
   f.now += 1001;
   EXPECT_EQ(f.index.evict(10), 2u);
   f.run(f.ns_a, iota(8));
-  f.index.pin(f.ns_a, iota(8), 1e9);
-  EXPECT_EQ(f.index.unpin(f.ns_a, iota(8)), 8u);
+  const PinLease lease = f.index.pin(f.ns_a, iota(8), 1e9);
+  EXPECT_TRUE(f.index.unpin(lease.id));
+  EXPECT_FALSE(f.index.unpin(lease.id));
   EXPECT_EQ(f.index.evict(10), 2u);
   EXPECT_THROW(f.index.pin(f.ns_a, iota(8), 0), Error);
+}
+
+// A session ending must not remove an admin's longer pin of the same blocks.
+TEST(PrefixIndex, PinsCompose) {
+  Fixture f(4);
+  f.run(f.ns_a, iota(8));
+  const PinLease admin = f.index.pin(f.ns_a, iota(8), 3600e3);
+  const PinLease session = f.index.pin(f.ns_a, iota(4), 60e3);
+  EXPECT_EQ(session.tokens, 4u);
+  EXPECT_NE(admin.id, session.id);
+  EXPECT_EQ(f.index.pinned_unreferenced_blocks(), 2u);
+  EXPECT_TRUE(f.index.unpin(session.id));
+  EXPECT_EQ(f.index.evict(10), 0u);  // the admin's pin still holds both blocks
+  EXPECT_EQ(f.index.namespace_stats(f.ns_a).pinned_blocks, 2u);
+  f.now += 61e3;  // the shorter lease would have expired; the longer one holds
+  EXPECT_EQ(f.index.evict(10), 0u);
+  f.now += 3600e3;
+  EXPECT_EQ(f.index.expire_pins(), 1u);
+  EXPECT_EQ(f.index.pin_count(), 0u);
+  EXPECT_EQ(f.index.evict(10), 2u);
+}
+
+TEST(PrefixIndex, PinCoversAtMostMaxBlocks) {
+  Fixture f(4);
+  f.run(f.ns_a, iota(12));
+  const PinLease lease = f.index.pin(f.ns_a, iota(12), 1e9, 1);
+  EXPECT_EQ(lease.tokens, 4u);
+  EXPECT_EQ(f.index.pinned_unreferenced_blocks(), 1u);
+  EXPECT_EQ(f.index.pin(f.ns_b, iota(12), 1e9).id, 0u);  // nothing cached there: no lease
+}
+
+// Every distinct salt used to leave a namespace behind forever.
+TEST(PrefixIndex, EmptyNamespacesAreDropped) {
+  Fixture f(4);
+  for (int i = 0; i < 50; ++i) {
+    const Hash256 ns = namespace_hash({{}, DType::F32, kBlock, "salt" + std::to_string(i), ""});
+    BlockTable t(f.pool, &f.index);
+    f.index.match(ns, iota(8, i), 7, t);
+    f.index.insert(ns, iota(8, i), 0, t, true);  // cancelled before writing: nothing cached
+  }
+  EXPECT_EQ(f.index.stats().namespaces, 0u);
+  f.run(f.ns_a, iota(8));
+  f.run(f.ns_b, iota(8, 100));
+  EXPECT_EQ(f.index.stats().namespaces, 2u);
+  f.run(f.ns_a, iota(16, 200));  // needs every block: b's blocks are evicted
+  EXPECT_EQ(f.index.stats().namespaces, 1u);
+  f.index.flush();
+  EXPECT_EQ(f.index.stats().namespaces, 0u);
 }
 
 TEST(PrefixIndex, FlushDropsEverythingUnreferencedIncludingPins) {

@@ -10,7 +10,7 @@
 
 #include "base/error.h"
 #include "base/kernels.h"
-#include "engine/generator.h"
+#include "reference_generator.h"
 #include "model/gguf_writer.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
@@ -60,8 +60,8 @@ struct Rig {
 };
 
 std::vector<int32_t> greedy(Rig& rig, std::vector<int32_t> prompt, int n) {
-  engine::Generator gen(*rig.model, *rig.pool, *rig.threads);
-  engine::GenerationOptions o;
+  testing::Generator gen(*rig.model, *rig.pool, *rig.threads);
+  testing::GenerationOptions o;
   o.max_tokens = n;
   o.sampling.temperature = 0.0f;
   o.stop_at_eos = false;
@@ -155,8 +155,8 @@ TEST(LlamaModel, PrefillChunkSizeAndThreadsDoNotChangeLogits) {
   if (path.empty()) path = testing::synthetic_model_path("tiny", DType::F32);
   Rig one(path, 1), two(path, 2);
   const auto prompt = long_prompt(150, one.model->config().n_vocab);
-  engine::Generator g1(*one.model, *one.pool, *one.threads);
-  engine::Generator g2(*two.model, *two.pool, *two.threads);
+  testing::Generator g1(*one.model, *one.pool, *one.threads);
+  testing::Generator g2(*two.model, *two.pool, *two.threads);
   const std::vector<float> reference = g1.prompt_logits(prompt, 1000);
   for (int chunk : {1, 7, 64}) {
     EXPECT_TRUE(same_bits(reference, g1.prompt_logits(prompt, chunk))) << "chunk " << chunk;

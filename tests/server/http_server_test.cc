@@ -347,7 +347,7 @@ TEST(HttpServer, MetricsAreValidPrometheusTextWithCacheFigures) {
   EXPECT_GT(cached, 0);
   EXPECT_EQ(referenced, 0);
   EXPECT_EQ(v("kvcache_kv_usage_ratio"), 0);
-  EXPECT_EQ(v("kvcache_kv_pool_bytes"), static_cast<double>(s.engine->pool().arena_bytes()));
+  EXPECT_EQ(v("kvcache_kv_pool_bytes"), static_cast<double>(s.engine->arena_bytes()));
   const engine::EngineStats st = s.engine->stats();
   EXPECT_EQ(v("kvcache_prefix_cache_queried_tokens_total"), st.cache.queried_tokens);
   EXPECT_EQ(v("kvcache_prefix_cache_hit_tokens_total"), st.cache.hit_tokens);

@@ -1,5 +1,6 @@
-// Single-sequence generation: prefill a prompt in chunks, then decode token by token, with
-// every token's keys and values kept in KV-pool blocks.
+// A reference loop for tests: one sequence, prefilled in chunks, then decoded token by token,
+// with every token's keys and values in KV-pool blocks. It calls the model directly, with none
+// of the engine's scheduling, so engine results can be checked against it.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,7 @@
 #include "model/llama_model.h"
 #include "model/sampler.h"
 
-namespace kvc::engine {
+namespace kvc::testing {
 
 struct GenerationOptions {
   int max_tokens = 128;
@@ -74,4 +75,4 @@ class Generator {
   model::ForwardScratch scratch_;
 };
 
-}  // namespace kvc::engine
+}  // namespace kvc::testing

@@ -1,11 +1,11 @@
-#include "engine/generator.h"
+#include "reference_generator.h"
 
 #include <algorithm>
 #include <chrono>
 
 #include "base/error.h"
 
-namespace kvc::engine {
+namespace kvc::testing {
 
 namespace {
 double ms_since(std::chrono::steady_clock::time_point t) {
@@ -71,7 +71,7 @@ GenerationStats Generator::generate(std::span<const int32_t> prompt,
   std::vector<int32_t> history(prompt.begin(), prompt.end());
   const size_t block = pool_.geometry().block_tokens;
 
-  kv::BlockTable table(pool_);
+  kv::BlockTable table(pool_, cache.index);  // allocation evicts the cache LRU
   if (cache.index != nullptr) {
     const kv::PrefixMatch m = cache.index->match(cache.ns, prompt, prompt.size() - 1, table);
     stats.cached_tokens = m.cached_tokens;
@@ -133,4 +133,4 @@ GenerationStats Generator::generate(std::span<const int32_t> prompt,
   return stats;
 }
 
-}  // namespace kvc::engine
+}  // namespace kvc::testing

@@ -1,0 +1,143 @@
+#include "engine/kv_cache_manager.h"
+
+#include <algorithm>
+
+#include "base/error.h"
+
+namespace kvc::engine {
+
+KvCacheManager::KvCacheManager(const kv::KvGeometry& geometry, uint64_t memory_bytes,
+                               const KvCacheOptions& options, kv::Clock clock)
+    : options_(options) {
+  pool_ = std::make_unique<kv::BlockPool>(geometry, memory_bytes);
+  kv::PrefixIndexOptions io;
+  io.enabled = options_.prefix_cache;
+  io.partial_reuse = options_.partial_reuse;
+  index_ = std::make_unique<kv::PrefixIndex>(*pool_, io, std::move(clock));
+  tenant_cap_ = options_.tenant_pinned_max_blocks > 0
+                    ? options_.tenant_pinned_max_blocks
+                    : std::max<size_t>(1, pool_->num_blocks() / 4);
+}
+
+uint64_t KvCacheManager::version() const {
+  // Every change of the tree inserts or evicts a block; 1 + so that 0 means "never looked".
+  const kv::PrefixIndexStats s = index_->stats();
+  return 1 + s.inserted_blocks + s.evicted_blocks;
+}
+
+const kv::PrefixMatch& KvCacheManager::computed(Sequence& s) {
+  const uint64_t v = version();
+  if (s.lookup_version != v) {
+    s.lookup = index_->explain(s.req.ns, s.tokens, s.tokens.size() - 1);
+    s.lookup_version = v;
+  }
+  return s.lookup;
+}
+
+size_t KvCacheManager::blocks_to_admit(Sequence& s, size_t tokens) {
+  const size_t need = pool_->geometry().blocks_for_tokens(tokens);
+  return need - std::min(need, computed(s).shared_blocks);
+}
+
+size_t KvCacheManager::room_for(Sequence& s) {
+  const kv::PoolCounts c = pool_->counts();
+  const size_t shared = computed(s).shared_unreferenced;
+  return c.free + c.cached - std::min(c.cached, shared);
+}
+
+kv::PrefixMatch KvCacheManager::attach(Sequence& s) {
+  s.table = std::make_unique<kv::BlockTable>(*pool_, this);
+  const kv::PrefixMatch m = index_->match(s.req.ns, s.tokens, s.tokens.size() - 1, *s.table);
+  s.written = m.cached_tokens;
+  s.lookup_version = 0;
+  return m;
+}
+
+bool KvCacheManager::grow(Sequence& s, size_t tokens) {
+  return s.table->reserve(tokens) && s.table->ensure_writable(s.written);
+}
+
+void KvCacheManager::seal(Sequence& s, bool final) {
+  if (s.table) index_->insert(s.req.ns, s.tokens, s.written, *s.table, final);
+}
+
+void KvCacheManager::detach(Sequence& s) {
+  if (!s.table) return;
+  s.table->clear();
+  s.table.reset();
+  s.written = 0;
+}
+
+std::optional<kv::BlockId> KvCacheManager::take_block() {
+  if (auto id = index_->take_block()) return id;
+  if (index_->evict(1, /*ignore_pins=*/true) == 0) return std::nullopt;
+  return pool_->allocate();
+}
+
+size_t KvCacheManager::tenant_allowance(const kv::Hash256& ns) const {
+  const size_t pinned = index_->namespace_stats(ns).pinned_blocks;
+  return tenant_cap_ - std::min(tenant_cap_, pinned);
+}
+
+void KvCacheManager::keep_session(const std::string& session_id, const Sequence& s) {
+  if (session_id.empty() || !index_->enabled()) return;
+  auto it = sessions_.find(session_id);
+  if (it != sessions_.end()) {
+    index_->unpin(it->second.lease);
+    sessions_.erase(it);
+  }
+  const size_t max_blocks = std::min(options_.session_max_blocks, tenant_allowance(s.req.ns));
+  const std::span<const int32_t> kept(s.tokens.data(), std::min(s.written, s.tokens.size()));
+  const kv::PinLease lease = index_->pin(s.req.ns, kept, options_.session_ttl_ms, max_blocks);
+  if (lease.id == 0) return;
+  sessions_[session_id] = Session{s.req.ns, lease.id, now_ms() + options_.session_ttl_ms};
+}
+
+bool KvCacheManager::close_session(const std::string& session_id) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return false;
+  index_->unpin(it->second.lease);
+  sessions_.erase(it);
+  return true;
+}
+
+kv::PinLease KvCacheManager::pin(const kv::Hash256& ns, std::span<const int32_t> tokens,
+                                 double ttl_ms) {
+  return index_->pin(ns, tokens, ttl_ms, tenant_allowance(ns));
+}
+
+void KvCacheManager::expire() {
+  const double now = now_ms();
+  std::erase_if(sessions_, [&](const auto& entry) { return entry.second.expires_at_ms <= now; });
+  index_->expire_pins();
+}
+
+kv::PrefixMatch KvCacheManager::explain(const kv::Hash256& ns,
+                                        std::span<const int32_t> tokens) const {
+  return index_->explain(ns, tokens, tokens.empty() ? 0 : tokens.size() - 1);
+}
+
+size_t KvCacheManager::flush() {
+  const size_t n = index_->flush();
+  // A flush ignores pins: the sessions' and pins' blocks are gone, so are their leases.
+  for (const auto& [id, session] : sessions_) index_->unpin(session.lease);
+  sessions_.clear();
+  return n;
+}
+
+KvCacheCounts KvCacheManager::counts() const {
+  const kv::PoolCounts c = pool_->counts();
+  KvCacheCounts k;
+  k.total = c.total;
+  k.free = c.free;
+  k.referenced = c.referenced;
+  k.pinned = index_->pinned_unreferenced_blocks();
+  k.cached = c.cached - std::min(c.cached, k.pinned);
+  return k;
+}
+
+kv::NamespaceStats KvCacheManager::namespace_stats(const kv::Hash256& ns) const {
+  return index_->namespace_stats(ns);
+}
+
+}  // namespace kvc::engine

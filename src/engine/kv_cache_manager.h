@@ -1,0 +1,107 @@
+// The KV cache manager: the cache's policy over the pool and the prefix index. It finds a
+// request's computed (cached) blocks, allocates with inline eviction (unpinned blocks, least
+// recently used first; then pinned and session-held ones, before any running request is
+// preempted), seals filled blocks into the index, and owns pins and sessions with their caps.
+//
+// Thread-safety: none. The engine calls it from its step thread and from cache operations, all
+// under the engine's state mutex.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "engine/sequence.h"
+#include "kv/block_pool.h"
+#include "kv/block_source.h"
+#include "kv/prefix_index.h"
+
+namespace kvc::engine {
+
+struct KvCacheOptions {
+  bool prefix_cache = true;
+  bool partial_reuse = true;
+  double session_ttl_ms = 10 * 60 * 1000.0;
+  size_t session_max_blocks = 256;  // blocks one session keeps pinned between turns
+  // Blocks one namespace (tenant) may hold pinned through sessions and pins; 0: a quarter of
+  // the pool.
+  size_t tenant_pinned_max_blocks = 0;
+};
+
+struct KvCacheCounts {
+  size_t total = 0;
+  size_t free = 0;
+  size_t referenced = 0;  // held by running sequences
+  size_t cached = 0;      // unreferenced and evictable
+  size_t pinned = 0;      // unreferenced but pinned (by a session or an admin pin)
+};
+
+class KvCacheManager : public kv::BlockSource {
+ public:
+  // Carves memory_bytes into blocks of geometry; throws Error if not even one fits.
+  KvCacheManager(const kv::KvGeometry& geometry, uint64_t memory_bytes,
+                 const KvCacheOptions& options, kv::Clock clock = kv::steady_clock_ms());
+
+  // The cached prefix of s (all but its last token): one tree walk, remembered until the
+  // index changes.
+  const kv::PrefixMatch& computed(Sequence& s);
+  // Blocks s must take from the pool to hold `tokens` tokens, given its cached prefix.
+  size_t blocks_to_admit(Sequence& s, size_t tokens);
+  // Blocks that could be freed for s: free, plus every unreferenced cached or pinned block,
+  // minus those s would itself share (they stop being evictable once it shares them).
+  size_t room_for(Sequence& s);
+  // Gives s a block table holding its cached prefix; sets s.written.
+  kv::PrefixMatch attach(Sequence& s);
+  // Makes s's table hold `tokens` tokens and the block at s.written private, evicting inline;
+  // false (nothing allocated) when even pinned blocks cannot make room.
+  bool grow(Sequence& s, size_t tokens);
+  // Indexes s's filled blocks; with final, its last partial block too (s is done writing).
+  void seal(Sequence& s, bool final);
+  // Drops s's table: indexed blocks stay cached, the rest go back to the free list.
+  void detach(Sequence& s);
+  // A free block: the free list, then the least recently used unpinned block, then the
+  // oldest pinned one (a pin is a preference, never a reason to preempt a running request).
+  std::optional<kv::BlockId> take_block() override;
+
+  // Keeps the first tokens of s pinned for its session (at most session_max_blocks and the
+  // tenant's remaining pinned allowance), replacing the session's previous pin.
+  void keep_session(const std::string& session_id, const Sequence& s);
+  bool close_session(const std::string& session_id);
+  size_t session_count() const { return sessions_.size(); }
+  // An admin pin of a prefix, within the tenant's pinned allowance.
+  kv::PinLease pin(const kv::Hash256& ns, std::span<const int32_t> tokens, double ttl_ms);
+  // Ends expired sessions and pins.
+  void expire();
+
+  kv::PrefixMatch explain(const kv::Hash256& ns, std::span<const int32_t> tokens) const;
+  size_t flush();
+  KvCacheCounts counts() const;
+  kv::PrefixIndexStats index_stats() const { return index_->stats(); }
+  kv::NamespaceStats namespace_stats(const kv::Hash256& ns) const;
+  const kv::BlockPool& pool() const { return *pool_; }
+  kv::BlockPool& pool() { return *pool_; }
+  size_t tenant_pinned_max_blocks() const { return tenant_cap_; }
+  const KvCacheOptions& options() const { return options_; }
+  double now_ms() const { return index_->now_ms(); }
+
+ private:
+  struct Session {
+    kv::Hash256 ns{};
+    uint64_t lease = 0;
+    double expires_at_ms = 0;
+  };
+  uint64_t version() const;
+  // Pinned blocks ns may still add.
+  size_t tenant_allowance(const kv::Hash256& ns) const;
+
+  KvCacheOptions options_;
+  std::unique_ptr<kv::BlockPool> pool_;
+  std::unique_ptr<kv::PrefixIndex> index_;
+  size_t tenant_cap_ = 0;
+  std::map<std::string, Session> sessions_;
+};
+
+}  // namespace kvc::engine
