@@ -143,8 +143,8 @@ void run_shared_prefix_bench(const SharedPrefixBenchOptions& o, std::ostream& ou
   };
   const auto run = [&](bool cache_on) {
     engine::EngineOptions eo;
-    eo.kv_memory_bytes = g.blocks_for_tokens(o.preamble_tokens + o.question_tokens + 8) * 64 *
-                         g.bytes_per_block();
+    eo.kv_memory_bytes =
+        g.blocks_for_tokens(o.preamble_tokens + o.question_tokens + 8) * 64 * g.bytes_per_block();
     eo.kv_dtype = g.dtype;
     eo.threads = o.threads;
     eo.max_running = 1;

@@ -11,8 +11,8 @@
 #include "base/thread_pool.h"
 #include "engine/completion.h"
 #include "model/llama_model.h"
-#include "model/tokenizer.h"
 #include "model/sampler.h"
+#include "model/tokenizer.h"
 
 namespace kvc::bench {
 

@@ -200,8 +200,7 @@ void run(const RunArgs& a) {
                  "KV used: %zu blocks = %zu bytes (%zu tokens x %zu bytes/token = %zu bytes "
                  "of keys and values)\n",
                  s.kv_blocks, s.kv_blocks * geometry.bytes_per_block(), used_tokens,
-                 geometry.bytes_per_token(),
-                 used_tokens * geometry.bytes_per_token());
+                 geometry.bytes_per_token(), used_tokens * geometry.bytes_per_token());
   }
 }
 

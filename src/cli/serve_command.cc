@@ -108,8 +108,8 @@ void serve(const ServeArgs& a) {
       config.n_vocab, config.context_length, dtype_name(model->weight_dtype()),
       format_bytes(model->weight_bytes()));
   // The same figures `kvcache run` and `kvcache plan` print, from the same code.
-  std::istringstream summary(kv::startup_summary(
-      engine.geometry(), engine.arena_bytes(), config.context_length));
+  std::istringstream summary(
+      kv::startup_summary(engine.geometry(), engine.arena_bytes(), config.context_length));
   for (std::string line; std::getline(summary, line);) spdlog::info("{}", line);
   const int threads = thread_count(a.threads);
   spdlog::info("{} threads, {} kernels; prefix cache {}; up to {} running, {} waiting", threads,

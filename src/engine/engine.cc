@@ -36,8 +36,8 @@ Engine::Engine(const model::LlamaModel& model, const model::Tokenizer& tokenizer
   uint64_t bytes = options_.kv_memory_bytes;
   if (bytes == 0) {
     // Room for every running sequence at full context, within 2 GiB but never below one.
-    const uint64_t context = geometry_.blocks_for_tokens(c.context_length) *
-                             geometry_.bytes_per_block();
+    const uint64_t context =
+        geometry_.blocks_for_tokens(c.context_length) * geometry_.bytes_per_block();
     bytes = std::max(context, std::min<uint64_t>(context * options_.max_running, 2ull << 30));
   }
   KvCacheOptions ko;
@@ -346,6 +346,7 @@ bool Engine::step() {
   }
   // The forward pass runs unlocked: it reads and writes only blocks the planned sequences hold,
   // which no cache operation can free or change.
+  if (options_.before_forward) options_.before_forward();
   const std::span<const float> logits = model_.forward(*threads_, kv_->pool(), rows, scratch_);
   {
     std::lock_guard lock(state_mu_);

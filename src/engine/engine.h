@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -51,6 +52,9 @@ struct EngineOptions {
   double session_ttl_ms = 10 * 60 * 1000.0;
   size_t session_max_blocks = 256;      // blocks a session keeps pinned between turns
   size_t tenant_pinned_max_blocks = 0;  // per namespace, sessions and pins; 0: pool / 4
+  // Called on the engine thread before each forward pass, outside the state lock (tests use it
+  // to show that cache operations never wait for compute).
+  std::function<void()> before_forward;
 };
 
 struct EngineStats {
@@ -156,8 +160,8 @@ class Engine {
   mutable std::mutex intake_mu_;
   std::condition_variable intake_cv_;
   std::vector<std::unique_ptr<Sequence>> incoming_;
-  size_t queued_ = 0;    // incoming + waiting, for the overload check
-  uint64_t wakes_ = 0;   // bumped by every event that may let a blocked step progress
+  size_t queued_ = 0;   // incoming + waiting, for the overload check
+  uint64_t wakes_ = 0;  // bumped by every event that may let a blocked step progress
   bool accepting_ = true;
   bool stop_ = false;
   double drain_deadline_ms_ = 0;

@@ -15,7 +15,9 @@ Scheduler::Scheduler(const SchedulerOptions& options) : options_(options) {
   if (options_.max_preemptions < 0) fail("max preemptions must be >= 0");
 }
 
-void Scheduler::enqueue(std::unique_ptr<Sequence> s) { waiting_.push_back(std::move(s)); }
+void Scheduler::enqueue(std::unique_ptr<Sequence> s) {
+  waiting_.push_back(std::move(s));
+}
 
 std::vector<Sequence*> Scheduler::all() {
   std::vector<Sequence*> out;

@@ -32,8 +32,8 @@ struct SchedulerOptions {
   // request more than max_passed_over times.
   bool cache_aware = false;
   int max_passed_over = 8;
-  int reserve_blocks = 1;    // free blocks kept per running sequence for its growth
-  int max_preemptions = 4;   // times one request may be preempted before it is protected
+  int reserve_blocks = 1;     // free blocks kept per running sequence for its growth
+  int max_preemptions = 4;    // times one request may be preempted before it is protected
   size_t context_length = 0;  // the model's context (bounds a request's output)
 };
 
@@ -45,7 +45,9 @@ struct StepPlan {
   size_t preempted = 0;
   // Sequences that cannot make progress at all, with the reason; the engine fails them.
   std::vector<std::pair<Sequence*, std::string>> failed;
-  bool empty() const { return rows.empty() && admitted.empty() && preempted == 0 && failed.empty(); }
+  bool empty() const {
+    return rows.empty() && admitted.empty() && preempted == 0 && failed.empty();
+  }
 };
 
 class Scheduler {

@@ -34,7 +34,7 @@ struct Sequence {
   // Preempted max_preemptions times: readmitted only with blocks for its whole output
   // reserved, so it is never preempted again.
   bool reserve_all = false;
-  int passed_over = 0;     // times a later request was admitted first (cache-aware order)
+  int passed_over = 0;  // times a later request was admitted first (cache-aware order)
   double submitted_ms = 0, admitted_ms = 0, first_token_ms = 0, last_token_ms = 0;
 
   // The KV cache manager's memo of the cached prefix, valid while the index version is unchanged.

@@ -294,7 +294,7 @@ void PrefixIndex::insert(const Hash256& ns, std::span<const int32_t> tokens, siz
 }
 
 void PrefixIndex::insert_blocks(const Hash256& ns, std::span<const int32_t> tokens, size_t n_tokens,
-                         const BlockTable& table, bool include_partial) {
+                                const BlockTable& table, bool include_partial) {
   if (!options_.enabled) return;
   const size_t block = pool_.geometry().block_tokens;
   n_tokens = std::min(n_tokens, tokens.size());
@@ -448,8 +448,8 @@ PinLease PrefixIndex::pin(const Hash256& ns, std::span<const int32_t> tokens, do
   const double until = clock_() + ttl_ms;
   for (size_t i = 0; i < blocks; ++i) w.path[i]->pins.emplace_back(id, until);
   const size_t n_tokens = blocks * static_cast<size_t>(pool_.geometry().block_tokens);
-  leases_.emplace(id, Lease{ns, std::vector<int32_t>(tokens.begin(), tokens.begin() + n_tokens),
-                            until});
+  leases_.emplace(
+      id, Lease{ns, std::vector<int32_t>(tokens.begin(), tokens.begin() + n_tokens), until});
   return {id, n_tokens};
 }
 

@@ -84,7 +84,7 @@ struct PrefixIndexStats {
 struct NamespaceStats {
   size_t blocks = 0;
   size_t pinned_blocks = 0;  // blocks under a live pin (referenced or not)
-  size_t quota = 0;  // 0: unlimited
+  size_t quota = 0;          // 0: unlimited
   uint64_t queried_tokens = 0;
   uint64_t hit_tokens = 0;
 };

@@ -104,7 +104,8 @@ nlohmann::json usage_of(const Generation& gen, size_t samples_per_prompt) {
 // Why a request ended without completing, as an API error (nullopt when it completed).
 std::optional<ApiError> failure_of(const engine::RequestHandle& h) {
   const std::string error = h.error();
-  if (error.empty() && h.stats().finish_reason != engine::FinishReason::kCancelled) return std::nullopt;
+  if (error.empty() && h.stats().finish_reason != engine::FinishReason::kCancelled)
+    return std::nullopt;
   if (h.stats().finish_reason == engine::FinishReason::kCancelled) {
     return ApiError(503, "server_error", error.empty() ? "the request was cancelled" : error, "",
                     "cancelled");
@@ -207,9 +208,10 @@ class SseStream {
         return;
       }
       const engine::RequestStats s = h.stats();
-      nlohmann::json choice = {{"index", i},
-                               {"logprobs", nullptr},
-                               {"finish_reason", openai_finish_reason(engine::finish_reason_name(s.finish_reason))}};
+      nlohmann::json choice = {
+          {"index", i},
+          {"logprobs", nullptr},
+          {"finish_reason", openai_finish_reason(engine::finish_reason_name(s.finish_reason))}};
       if (shape_.chat) {
         choice["delta"] = nlohmann::json::object();
       } else {
@@ -635,7 +637,8 @@ void HttpServer::completions(const httplib::Request& req, httplib::Response& res
     if (const auto failure = failure_of(gen->handle(i))) throw *failure;
     nlohmann::json choice = {
         {"index", i},
-        {"finish_reason", openai_finish_reason(engine::finish_reason_name(gen->handle(i).stats().finish_reason))}};
+        {"finish_reason",
+         openai_finish_reason(engine::finish_reason_name(gen->handle(i).stats().finish_reason))}};
     if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", out[i].text}};
       choice["logprobs"] =

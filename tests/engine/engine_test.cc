@@ -9,8 +9,9 @@
 #include <cstring>
 #include <future>
 
-#include "reference_generator.h"
+#include "engine/engine_fixture.h"
 #include "model/sampler.h"
+#include "reference_generator.h"
 #include "test_models.h"
 
 namespace kvc::engine {
@@ -22,55 +23,6 @@ using kvc::testing::GenerationStats;
 using kvc::testing::Generator;
 
 using ::testing::HasSubstr;
-
-struct Loaded {
-  std::unique_ptr<model::LlamaModel> model;
-  std::unique_ptr<model::Tokenizer> tokenizer;
-  explicit Loaded(const std::string& path)
-      : model(model::LlamaModel::load(path)),
-        tokenizer(std::make_unique<model::Tokenizer>(model::Tokenizer::from_gguf(model->file()))) {}
-};
-
-std::string model_path() {
-  const std::string stories = testing::stories_model_path();
-  return stories.empty() ? testing::synthetic_model_path("tiny", DType::F32) : stories;
-}
-
-struct Outcome {
-  std::vector<int32_t> tokens;
-  std::vector<std::vector<float>> logits;
-  std::string text;
-  RequestStats stats;
-  std::string error;
-};
-
-Outcome collect(RequestHandle& h) {
-  Outcome o;
-  TokenEvent e;
-  while (h.next(e)) {
-    if (e.token >= 0) o.tokens.push_back(e.token);
-    if (!e.logits.empty()) o.logits.push_back(std::move(e.logits));
-    o.text += e.text;
-  }
-  o.stats = h.stats();
-  o.error = h.error();
-  return o;
-}
-
-Request greedy(std::vector<int32_t> prompt, int max_tokens) {
-  Request r;
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0.0f;
-  r.ignore_eos = true;
-  return r;
-}
-
-std::vector<int32_t> random_prompt(model::Rng& rng, int n_vocab, size_t n) {
-  std::vector<int32_t> p = {1};
-  while (p.size() < n) p.push_back(3 + static_cast<int32_t>(rng.next() % (n_vocab - 3)));
-  return p;
-}
 
 TEST(Engine, ConcurrentBatchedChunkedPreemptedRequestsMatchSoloRuns) {
   Loaded m(model_path());

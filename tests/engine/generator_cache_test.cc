@@ -5,10 +5,10 @@
 
 #include <cstring>
 
-#include "reference_generator.h"
 #include "kv/cache_namespace.h"
 #include "model/model_fingerprint.h"
 #include "model/sampler.h"
+#include "reference_generator.h"
 #include "test_models.h"
 
 namespace kvc::engine {

@@ -560,8 +560,8 @@ class Harness {
     if (live_.size() >= config_.max_live) release(uni(0, live_.size() - 1), uni(0, 4) != 0);
     size_t prompt = 0;
     auto script = make_script(&prompt);
-    auto s =
-        std::make_unique<Seq>(pool_, index_, static_cast<int>(uni(0, kNamespaces - 1)), std::move(script));
+    auto s = std::make_unique<Seq>(pool_, index_, static_cast<int>(uni(0, kNamespaces - 1)),
+                                   std::move(script));
     const size_t limit = prompt > 1 && uni(0, 1) == 0 ? prompt - 1 : prompt;
     match(*s, limit);
     live_.push_back(std::move(s));
@@ -641,8 +641,8 @@ class Harness {
     const Prediction p = predict(model_, ns, tokens, tokens.size());
     const double ttl = static_cast<double>(uni(1, 60));
     const PinLease lease = index_.pin(ns_hash(ns), tokens, ttl);
-    note(fmt::format("pin ns{} len{} ttl{} -> lease {} {} tokens", ns, tokens.size(), ttl,
-                     lease.id, lease.tokens));
+    note(fmt::format("pin ns{} len{} ttl{} -> lease {} {} tokens", ns, tokens.size(), ttl, lease.id,
+                     lease.tokens));
     EXPECT_EQ(lease.tokens, p.full) << "pin";
     EXPECT_EQ(lease.id != 0, p.full > 0) << "pin";
     if (lease.id == 0) return;
