@@ -135,7 +135,7 @@ void run_shared_prefix_bench(const SharedPrefixBenchOptions& o, std::ostream& ou
     for (int j = 0; j < o.question_tokens; ++j) p.push_back(word());
     prompts.push_back(std::move(p));
   }
-  const kv::KvGeometry g = c.kv_geometry(DType::F32, engine::kDefaultBlockTokens);
+  const kv::KvGeometry g = c.kv_geometry(DType::F32, kv::kDefaultBlockTokens);
   const auto tokenizer = model::Tokenizer::from_gguf(model->file());
   struct Result {
     double prefill_ms = 0, ttft_ms_sum = 0;

@@ -5,11 +5,13 @@
 #include <ostream>
 #include <string>
 
+#include "kv/kv_geometry.h"
+
 namespace kvc::bench {
 
 struct PrefixIndexBenchOptions {
   size_t cached_tokens = 1'000'000;  // tokens held by the index before timing
-  int block_tokens = 16;
+  int block_tokens = kv::kDefaultBlockTokens;
   size_t operations = 20'000;
 };
 // Match + insert operations per second on an index holding options.cached_tokens tokens,

@@ -73,7 +73,7 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
       const auto model = model::LlamaModel::load(path);
       const auto& c = model->config();
       const auto tokenizer = model::Tokenizer::from_gguf(model->file());
-      const kv::KvGeometry g = c.kv_geometry(DType::F32, engine::kDefaultBlockTokens);
+      const kv::KvGeometry g = c.kv_geometry(DType::F32, kv::kDefaultBlockTokens);
       const size_t tokens = o.prompt_tokens + o.decode_tokens + 8;
       model::Rng rng(42);
       std::vector<int32_t> prompt(o.prompt_tokens);

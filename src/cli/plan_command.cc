@@ -6,13 +6,13 @@
 #include <iostream>
 #include <memory>
 
+#include "cli/plan_report.h"
 #include "model/model_geometry.h"
-#include "model/plan_report.h"
 
 namespace kvc::cli {
 
 void add_plan_command(CLI::App& app) {
-  auto args = std::make_shared<model::PlanArgs>();
+  auto args = std::make_shared<PlanArgs>();
   CLI::App* cmd = app.add_subcommand(
       "plan", "How much KV memory context lengths and concurrencies take, and what fits a budget");
   // Every value is kept as text so that make_plan can say what is wrong with a bad one.
@@ -48,7 +48,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_flag("--json", args->json, "Print the plan as JSON, every size in bytes");
   cmd->add_option("--plot", args->plot_path, "Write memory against context length as SVG")
       ->type_name("FILE.svg");
-  cmd->callback([args] { model::run_plan(*args, std::cout); });
+  cmd->callback([args] { run_plan(*args, std::cout); });
 }
 
 }  // namespace kvc::cli

@@ -40,7 +40,7 @@ struct RunArgs {
   int64_t seed = -1;
   int threads = 0;
   std::string kv_memory;
-  int block_tokens = engine::kDefaultBlockTokens;
+  int block_tokens = kv::kDefaultBlockTokens;
   std::string kv_dtype = "f32";
   int prefill_chunk = 512;
   bool ignore_eos = false;
@@ -123,7 +123,7 @@ void run(const RunArgs& a) {
     prompts.push_back({a.prompt, ""});
   }
 
-  const DType kv_dtype = parse_kv_dtype(a.kv_dtype);
+  const DType kv_dtype = parse_pool_kv_dtype(a.kv_dtype);
   const kv::KvGeometry geometry = config.kv_geometry(kv_dtype, a.block_tokens);
   // By default the pool holds one full context, which is all a single sequence can use.
   const uint64_t kv_bytes =

@@ -29,7 +29,7 @@ struct ServeArgs {
   std::string host = "127.0.0.1";
   int port = 8080;
   std::string kv_memory;
-  int block_tokens = 16;
+  int block_tokens = kv::kDefaultBlockTokens;
   std::string kv_dtype = "f32";
   std::string api_keys;
   bool no_prefix_cache = false;
@@ -52,7 +52,7 @@ void serve(const ServeArgs& a) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  const DType kv_dtype = parse_kv_dtype(a.kv_dtype);
+  const DType kv_dtype = parse_pool_kv_dtype(a.kv_dtype);
   if (a.port < 0 || a.port > 65535) fail("--port must be 0 to 65535, got {}", a.port);
   if (a.drain_seconds < 0) fail("--drain-seconds must be >= 0, got {}", a.drain_seconds);
   // A bad template name is reported before anything is loaded.

@@ -32,12 +32,9 @@
 
 namespace kvc::engine {
 
-// Tokens per KV block unless configured otherwise (every command and the planner use it).
-inline constexpr int kDefaultBlockTokens = 16;
-
 struct EngineOptions {
   uint64_t kv_memory_bytes = 0;  // 0: room for max_running full contexts (within 2 GiB)
-  int block_tokens = kDefaultBlockTokens;
+  int block_tokens = kv::kDefaultBlockTokens;
   DType kv_dtype = DType::F32;
   int threads = 0;             // 0: all cores
   int max_batch_tokens = 512;  // tokens per forward pass (decodes + prefill chunks)

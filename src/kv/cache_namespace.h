@@ -7,13 +7,14 @@
 
 #include "base/dtype.h"
 #include "kv/content_hash.h"
+#include "kv/kv_geometry.h"
 
 namespace kvc::kv {
 
 struct NamespaceKey {
   Hash256 model_fingerprint{};
   DType kv_dtype = DType::F32;
-  int block_tokens = 16;
+  int block_tokens = kDefaultBlockTokens;
   std::string tenant_salt;  // per tenant (and per request cache_salt); empty for none
   std::string adapter;      // adapter id; empty for the base model
 };

@@ -11,11 +11,14 @@
 
 namespace kvc::kv {
 
+// Tokens per KV block unless configured otherwise (every command and the planner use it).
+inline constexpr int kDefaultBlockTokens = 16;
+
 struct KvGeometry {
   int n_layers = 0;
   int n_kv_heads = 0;
   int head_dim = 0;
-  int block_tokens = 16;
+  int block_tokens = kDefaultBlockTokens;
   DType dtype = DType::F32;  // f32 or f16 in the block pool
 
   // Bytes of K and V for one token across all layers.

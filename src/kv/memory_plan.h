@@ -54,7 +54,7 @@ uint64_t layer_token_bytes(const AttentionLayer& layer, DType dtype);
 
 struct PlanOptions {
   DType kv_dtype = DType::F16;
-  int block_tokens = 16;
+  int block_tokens = kDefaultBlockTokens;
   std::vector<uint64_t> contexts;       // tokens per request
   std::vector<uint64_t> concurrencies;  // requests held at once
   uint64_t weights_bytes = 0;
@@ -89,7 +89,7 @@ struct ConcurrencyFigures {
 
 struct MemoryPlan {
   DType kv_dtype = DType::F16;
-  int block_tokens = 16;
+  int block_tokens = kDefaultBlockTokens;
   bool pool_layout = false;      // figures come from KvGeometry, as the block pool allocates
   uint64_t bytes_per_token = 0;  // one token, every layer, before any window cap
   uint64_t bytes_per_block = 0;  // block_tokens tokens

@@ -94,7 +94,8 @@ TEST(Cli, BadInputsGiveClearErrors) {
   EXPECT_THAT(r.err, HasSubstr("holds no block"));
   r = kvcache("run -m " + tiny + " --kv-memory 40KiB -n 200 --ignore-eos");
   EXPECT_EQ(r.status, 1);
-  EXPECT_THAT(r.err, HasSubstr("the pool has 5 blocks in all; lower max_tokens or raise --kv-memory"));
+  EXPECT_THAT(r.err,
+              HasSubstr("the pool has 5 blocks in all; lower max_tokens or raise --kv-memory"));
   r = kvcache("run -m " + tiny + " --top-p 0 -n 4");
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.err, HasSubstr("top_p"));

@@ -1,4 +1,4 @@
-#include "model/plan_report.h"
+#include "cli/plan_report.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -13,9 +13,10 @@
 
 #include "base/byte_size.h"
 #include "base/error.h"
+#include "cli/cli_options.h"
 #include "scratch_dir.h"
 
-namespace kvc::model {
+namespace kvc::cli {
 namespace {
 
 using nlohmann::json;
@@ -278,4 +279,4 @@ TEST(PlanReport, ConfigSourceAndExcludedWeights) {
 }
 
 }  // namespace
-}  // namespace kvc::model
+}  // namespace kvc::cli

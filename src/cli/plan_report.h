@@ -12,7 +12,7 @@
 #include "kv/memory_plan.h"
 #include "model/model_geometry.h"
 
-namespace kvc::model {
+namespace kvc::cli {
 
 // The arguments of `kvcache plan` as typed; make_plan checks each and names the bad one.
 struct PlanArgs {
@@ -22,16 +22,16 @@ struct PlanArgs {
   std::vector<std::string> contexts;       // --context: each "N" or "N,N,..."
   std::vector<std::string> concurrencies;  // --concurrency: as contexts; none means 1
   std::string kv_dtype = "f16";            // --kv-dtype
-  std::string block_tokens = "16";         // --block-tokens
-  std::string budget;                      // --budget: a size; empty for none
-  std::string weights = "included";        // --weights: included or excluded from the budget
-  std::string weights_dtype;               // --weights-dtype: empty for the source's own
-  bool json = false;                       // --json
-  std::string plot_path;                   // --plot FILE.svg; empty for none
+  std::string block_tokens = std::to_string(kv::kDefaultBlockTokens);  // --block-tokens
+  std::string budget;                // --budget: a size; empty for none
+  std::string weights = "included";  // --weights: included or excluded from the budget
+  std::string weights_dtype;         // --weights-dtype: empty for the source's own
+  bool json = false;                 // --json
+  std::string plot_path;             // --plot FILE.svg; empty for none
 };
 
 struct Plan {
-  ModelGeometry model;
+  model::ModelGeometry model;
   kv::PlanOptions options;
   kv::MemoryPlan figures;
 };
@@ -42,7 +42,6 @@ uint64_t parse_count(std::string_view text, std::string_view what);
 std::vector<uint64_t> parse_count_list(const std::vector<std::string>& items,
                                        std::string_view what);
 // A KV dtype name: f32, f16/fp16, bf16, q8_0/int8, q4_0/int4.
-DType parse_kv_dtype(std::string_view name);
 
 // Reads the one model source and computes every figure; throws Error on any bad argument.
 Plan make_plan(const PlanArgs& args);
@@ -55,4 +54,4 @@ std::string render_svg(const Plan& plan);
 // The whole command: the table (or JSON with args.json) to out, the SVG to args.plot_path.
 void run_plan(const PlanArgs& args, std::ostream& out);
 
-}  // namespace kvc::model
+}  // namespace kvc::cli

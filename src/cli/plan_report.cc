@@ -1,4 +1,4 @@
-#include "model/plan_report.h"
+#include "cli/plan_report.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -15,8 +15,11 @@
 #include "base/byte_size.h"
 #include "base/error.h"
 #include "base/strings.h"
+#include "cli/cli_options.h"
 
-namespace kvc::model {
+namespace kvc::cli {
+
+using namespace kvc::model;  // the plan is built from the model layer's geometry
 
 namespace {
 
@@ -135,14 +138,6 @@ std::vector<uint64_t> parse_count_list(const std::vector<std::string>& items,
     }
   }
   return out;
-}
-
-DType parse_kv_dtype(std::string_view name) {
-  const std::string n = to_lower(trim(name));
-  if (n == "int8" || n == "q8") return DType::Q8_0;
-  if (n == "int4" || n == "q4") return DType::Q4_0;
-  if (const auto t = parse_dtype(n)) return *t;
-  fail("--kv-dtype: unknown KV dtype '{}'; use f32, f16, bf16, q8_0 (int8) or q4_0 (int4)", name);
 }
 
 Plan make_plan(const PlanArgs& args) {
@@ -512,4 +507,4 @@ void run_plan(const PlanArgs& args, std::ostream& out) {
   }
 }
 
-}  // namespace kvc::model
+}  // namespace kvc::cli
