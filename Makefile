@@ -1,7 +1,7 @@
 # The README's two commands:
 #   make run   installs dependencies, builds, and serves the embedded default model on 127.0.0.1:8080
 #   make test  installs dependencies, builds, and runs every test
-.PHONY: all setup build run test test-asan fuzz bench format clean
+.PHONY: all setup build run test test-asan test-tsan check-threads check-layering fuzz bench format clean
 
 JOBS ?= 2
 PRESET ?= release
@@ -30,6 +30,23 @@ test-asan: setup
 	cmake --preset asan >/dev/null
 	cmake --build build/asan -j $(JOBS)
 	KVCACHE_TEST_MODEL=$(abspath $(TEST_MODEL)) ctest --test-dir build/asan --output-on-failure -j $(JOBS)
+
+# The engine and server tests under ThreadSanitizer (the soak test shortened to 20 s).
+test-tsan: setup
+	cmake --preset tsan >/dev/null
+	cmake --build build/tsan -j $(JOBS) --target engine_tests server_tests
+	for t in engine_tests server_tests; do \
+	  KVCACHE_TEST_MODEL=$(abspath $(TEST_MODEL)) KVCACHE_SOAK_SECONDS=20 \
+	    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build/tsan/tests/$$t || exit 1; \
+	done
+
+# Clang's thread-safety analysis over the layers whose mutexes carry annotations.
+check-threads: setup
+	cmake --preset clang-tsa >/dev/null
+	ninja -C build/clang-tsa -j $(JOBS) $$(ninja -C build/clang-tsa -t targets all | grep -oE '^src/(kv|engine|server)/CMakeFiles/[^:]+\.o')
+
+check-layering:
+	./scripts/check-layering
 
 fuzz: setup
 	cmake --preset fuzz >/dev/null

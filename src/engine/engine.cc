@@ -18,8 +18,8 @@ double now_ms() {
 }  // namespace
 
 struct Engine::Waker {
-  std::mutex mu;
-  Engine* engine = nullptr;
+  Mutex mu;
+  Engine* engine GUARDED_BY(mu) = nullptr;
 };
 
 Engine::Engine(const model::LlamaModel& model, const model::Tokenizer& tokenizer,
@@ -47,6 +47,7 @@ Engine::Engine(const model::LlamaModel& model, const model::Tokenizer& tokenizer
   ko.session_max_blocks = options_.session_max_blocks;
   ko.tenant_pinned_max_blocks = options_.tenant_pinned_max_blocks;
   kv_ = std::make_unique<KvCacheManager>(geometry_, bytes, ko);
+  pool_ = &kv_->pool();
   num_blocks_ = kv_->pool().num_blocks();
   arena_bytes_ = kv_->pool().arena_bytes();
   tenant_cap_ = kv_->tenant_pinned_max_blocks();
@@ -64,14 +65,17 @@ Engine::Engine(const model::LlamaModel& model, const model::Tokenizer& tokenizer
       options_.threads > 0 ? options_.threads : std::max(1u, std::thread::hardware_concurrency());
   threads_ = std::make_unique<ThreadPool>(threads);
   waker_ = std::make_shared<Waker>();
-  waker_->engine = this;
+  {
+    MutexLock lock(waker_->mu);
+    waker_->engine = this;
+  }
   publish_stats();
   thread_ = std::thread([this] { loop(); });
 }
 
 Engine::~Engine() {
   shutdown(0);
-  std::lock_guard lock(waker_->mu);
+  MutexLock lock(waker_->mu);
   waker_->engine = nullptr;
 }
 
@@ -83,7 +87,7 @@ kv::Hash256 Engine::namespace_for(const std::string& tenant_salt,
 
 void Engine::wake() {
   {
-    std::lock_guard lock(intake_mu_);
+    MutexLock lock(intake_mu_);
     ++wakes_;
   }
   intake_cv_.notify_all();
@@ -125,7 +129,7 @@ std::shared_ptr<RequestHandle> Engine::submit(Request request) {
   const size_t longest = std::min(context, request.prompt.size() + request.max_tokens);
   const size_t need = geometry_.blocks_for_tokens(longest);
   if (need > num_blocks_) {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     ++stats_.rejected_too_large;
     throw RequestError(
         RequestErrorKind::kTooLarge,
@@ -144,16 +148,16 @@ std::shared_ptr<RequestHandle> Engine::submit(Request request) {
   s->req = std::move(request);
   auto handle = s->handle;
   handle->set_on_cancel([waker = waker_] {
-    std::lock_guard lock(waker->mu);
+    MutexLock lock(waker->mu);
     if (waker->engine != nullptr) waker->engine->wake();
   });
   {
-    std::lock_guard lock(intake_mu_);
+    MutexLock lock(intake_mu_);
     if (!accepting_) {
       throw RequestError(RequestErrorKind::kShutdown, "the engine is shutting down");
     }
     if (queued_ >= options_.max_waiting) {
-      std::lock_guard stats_lock(stats_mu_);
+      MutexLock stats_lock(stats_mu_);
       ++stats_.rejected_overloaded;
       throw RequestError(RequestErrorKind::kOverloaded,
                          fmt::format("overloaded: {} requests are already waiting", queued_));
@@ -163,7 +167,7 @@ std::shared_ptr<RequestHandle> Engine::submit(Request request) {
     incoming_.push_back(std::move(s));
   }
   {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     ++stats_.submitted;
   }
   intake_cv_.notify_all();
@@ -174,26 +178,28 @@ void Engine::loop() {
   for (;;) {
     uint64_t seen;
     {
-      std::lock_guard lock(intake_mu_);
+      MutexLock lock(intake_mu_);
       seen = wakes_;
     }
     const bool progressed = step();
-    std::unique_lock lock(intake_mu_);
+    MutexLock lock(intake_mu_);
     const bool empty = incoming_.empty() && queued_ == 0 && scheduler_running() == 0;
     if (stop_ && (now_ms() >= drain_deadline_ms_ || empty)) break;
     if (progressed) continue;
     // Nothing can change until an event: sleep until one (or the drain deadline).
-    const auto woken = [&] { return wakes_ != seen || stop_; };
     if (stop_) {
-      const double left = drain_deadline_ms_ - now_ms();
-      intake_cv_.wait_for(lock, std::chrono::duration<double, std::milli>(std::max(0.0, left)),
-                          [&] { return wakes_ != seen; });
+      const double left = std::max(0.0, drain_deadline_ms_ - now_ms());
+      const auto deadline = std::chrono::steady_clock::now() +
+                            std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                std::chrono::duration<double, std::milli>(left));
+      while (wakes_ == seen && intake_cv_.wait_until(lock, deadline)) {
+      }
     } else {
-      intake_cv_.wait(lock, woken);
+      while (wakes_ == seen && !stop_) intake_cv_.wait(lock);
     }
   }
   // Whatever is left when the drain time runs out is cancelled.
-  std::lock_guard lock(state_mu_);
+  MutexLock lock(state_mu_);
   intake();
   for (Sequence* s : scheduler_->all()) {
     finish(*s, FinishReason::kCancelled, "the server is shutting down");
@@ -204,7 +210,7 @@ void Engine::loop() {
 
 void Engine::shutdown(double drain_ms) {
   {
-    std::lock_guard lock(intake_mu_);
+    MutexLock lock(intake_mu_);
     if (!thread_.joinable()) return;
     accepting_ = false;
     stop_ = true;
@@ -218,7 +224,7 @@ void Engine::shutdown(double drain_ms) {
 void Engine::intake() {
   std::vector<std::unique_ptr<Sequence>> fresh;
   {
-    std::lock_guard lock(intake_mu_);
+    MutexLock lock(intake_mu_);
     fresh.swap(incoming_);
   }
   for (auto& s : fresh) scheduler_->enqueue(std::move(s));
@@ -248,7 +254,7 @@ void Engine::finish(Sequence& s, FinishReason reason, const std::string& error) 
   if (s.stop) s.stats.stop_string = s.stop->matched();
   e2e_.observe(s.stats.e2e_ms);
   {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     ++stats_.finished;
     if (reason == FinishReason::kCancelled) ++stats_.cancelled;
   }
@@ -274,7 +280,7 @@ void Engine::after_row(Sequence& s, std::span<const float> logits) {
   s.tokens.push_back(token);
   ++s.stats.generated_tokens;
   {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     ++stats_.generated_tokens;
   }
   event.token = token;
@@ -298,7 +304,7 @@ bool Engine::step() {
   StepPlan plan;
   std::vector<model::BatchRow> rows;
   {
-    std::lock_guard lock(state_mu_);
+    MutexLock lock(state_mu_);
     intake();
     kv_->expire();
     bool changed = false;
@@ -318,19 +324,19 @@ bool Engine::step() {
       s->stats.cached_tokens = m.cached_tokens;
       s->stats.miss = m.miss;
       queue_.observe(s->stats.queue_ms);
-      std::lock_guard stats_lock(stats_mu_);
+      MutexLock stats_lock(stats_mu_);
       stats_.prompt_tokens += s->stats.prompt_tokens;
       stats_.cached_prompt_tokens += m.cached_tokens;
     }
     for (auto& [s, why] : plan.failed) finish(*s, FinishReason::kError, why);
     if (plan.preempted > 0) {
-      std::lock_guard stats_lock(stats_mu_);
+      MutexLock stats_lock(stats_mu_);
       stats_.preemptions += plan.preempted;
     }
     changed = changed || !plan.empty();
     const size_t ended = scheduler_->take_finished().size();
     {
-      std::lock_guard intake_lock(intake_mu_);
+      MutexLock intake_lock(intake_mu_);
       queued_ = incoming_.size() + scheduler_->waiting();
     }
     if (plan.rows.empty()) {
@@ -347,9 +353,9 @@ bool Engine::step() {
   // The forward pass runs unlocked: it reads and writes only blocks the planned sequences hold,
   // which no cache operation can free or change.
   if (options_.before_forward) options_.before_forward();
-  const std::span<const float> logits = model_.forward(*threads_, kv_->pool(), rows, scratch_);
+  const std::span<const float> logits = model_.forward(*threads_, *pool_, rows, scratch_);
   {
-    std::lock_guard lock(state_mu_);
+    MutexLock lock(state_mu_);
     const size_t vocab = model_.config().n_vocab;
     size_t k = 0;
     for (auto& [s, n] : plan.rows) {
@@ -362,11 +368,11 @@ bool Engine::step() {
     }
     scheduler_->take_finished();
     {
-      std::lock_guard intake_lock(intake_mu_);
+      MutexLock intake_lock(intake_mu_);
       queued_ = incoming_.size() + scheduler_->waiting();
     }
     {
-      std::lock_guard stats_lock(stats_mu_);
+      MutexLock stats_lock(stats_mu_);
       ++stats_.steps;
     }
     publish_stats();
@@ -385,7 +391,7 @@ void Engine::publish_stats() {
   const size_t running = scheduler_->running();
   running_count_.store(running);
   {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     stats_.blocks = blocks;
     stats_.cache = cache;
     stats_.sessions = sessions;
@@ -398,7 +404,7 @@ void Engine::publish_stats() {
 bool Engine::close_session(const std::string& id) {
   bool closed;
   {
-    std::lock_guard lock(state_mu_);
+    MutexLock lock(state_mu_);
     closed = kv_->close_session(id);
     publish_stats();
   }
@@ -407,12 +413,12 @@ bool Engine::close_session(const std::string& id) {
 }
 
 kv::PrefixMatch Engine::explain(const kv::Hash256& ns, std::span<const int32_t> tokens) const {
-  std::lock_guard lock(state_mu_);
+  MutexLock lock(state_mu_);
   return kv_->explain(ns, tokens);
 }
 
 kv::PinLease Engine::pin(const kv::Hash256& ns, std::span<const int32_t> tokens, double ttl_ms) {
-  std::lock_guard lock(state_mu_);
+  MutexLock lock(state_mu_);
   const kv::PinLease lease = kv_->pin(ns, tokens, ttl_ms);
   publish_stats();
   return lease;
@@ -421,7 +427,7 @@ kv::PinLease Engine::pin(const kv::Hash256& ns, std::span<const int32_t> tokens,
 size_t Engine::flush_cache() {
   size_t n;
   {
-    std::lock_guard lock(state_mu_);
+    MutexLock lock(state_mu_);
     n = kv_->flush();
     publish_stats();
   }
@@ -432,16 +438,16 @@ size_t Engine::flush_cache() {
 EngineStats Engine::stats() const {
   EngineStats s;
   {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     s = stats_;
   }
-  std::lock_guard intake_lock(intake_mu_);
+  MutexLock intake_lock(intake_mu_);
   s.waiting = queued_;
   return s;
 }
 
 kv::NamespaceStats Engine::namespace_stats(const kv::Hash256& ns) const {
-  std::lock_guard lock(state_mu_);
+  MutexLock lock(state_mu_);
   return kv_->namespace_stats(ns);
 }
 

@@ -11,16 +11,15 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "base/histogram.h"
+#include "base/mutex.h"
 #include "base/thread_pool.h"
 #include "engine/kv_cache_manager.h"
 #include "engine/request.h"
@@ -122,14 +121,14 @@ class Engine {
   void loop();
   // One step; false when it could make no progress (nothing to run, nothing changed).
   bool step();
-  void intake();
-  void finish(Sequence& s, FinishReason reason, const std::string& error = {});
-  void after_row(Sequence& s, std::span<const float> logits);
+  void intake() REQUIRES(state_mu_) EXCLUDES(intake_mu_);
+  void finish(Sequence& s, FinishReason reason, const std::string& error = {}) REQUIRES(state_mu_);
+  void after_row(Sequence& s, std::span<const float> logits) REQUIRES(state_mu_);
   // Copies the cache's counts into the stats snapshot, then tells finished requests they ended
   // (under the state lock).
-  void publish_stats();
+  void publish_stats() REQUIRES(state_mu_);
   size_t scheduler_running() const;
-  void wake();
+  void wake() EXCLUDES(intake_mu_);
 
   const model::LlamaModel& model_;
   const model::Tokenizer& tokenizer_;
@@ -143,34 +142,40 @@ class Engine {
   model::ForwardScratch scratch_;
 
   // Guards the KV cache manager and the scheduler (and the sequences they hold).
-  mutable std::mutex state_mu_;
-  std::unique_ptr<KvCacheManager> kv_;
-  std::unique_ptr<Scheduler> scheduler_;
+  mutable Mutex state_mu_;
+  std::unique_ptr<KvCacheManager> kv_ GUARDED_BY(state_mu_);
+  std::unique_ptr<Scheduler> scheduler_ GUARDED_BY(state_mu_);
+  // kv_'s pool, for the forward pass, which runs unlocked: it touches only the blocks of the
+  // sequences planned for the step, which no cache operation frees or changes meanwhile.
+  kv::BlockPool* pool_ = nullptr;
   struct Ending {
     std::shared_ptr<RequestHandle> handle;
     RequestStats stats;
     std::string error;
   };
-  std::vector<Ending> endings_;  // finished requests not yet told (see publish_stats)
+  std::vector<Ending> endings_
+      GUARDED_BY(state_mu_);  // finished requests not yet told (see publish_stats)
 
   // Guards the intake queue and the wake-up state, so submit() never waits for a step.
-  mutable std::mutex intake_mu_;
-  std::condition_variable intake_cv_;
-  std::vector<std::unique_ptr<Sequence>> incoming_;
-  size_t queued_ = 0;   // incoming + waiting, for the overload check
-  uint64_t wakes_ = 0;  // bumped by every event that may let a blocked step progress
-  bool accepting_ = true;
-  bool stop_ = false;
-  double drain_deadline_ms_ = 0;
+  mutable Mutex intake_mu_;
+  CondVar intake_cv_;
+  std::vector<std::unique_ptr<Sequence>> incoming_ GUARDED_BY(intake_mu_);
+  size_t queued_ GUARDED_BY(intake_mu_) = 0;  // incoming + waiting, for the overload check
+  // Bumped by every event that may let a blocked step progress.
+  uint64_t wakes_ GUARDED_BY(intake_mu_) = 0;
+  bool accepting_ GUARDED_BY(intake_mu_) = true;
+  bool stop_ GUARDED_BY(intake_mu_) = false;
+  double drain_deadline_ms_ GUARDED_BY(intake_mu_) = 0;
   // Cancellations wake the engine through this, which outlives the engine in their handles.
   struct Waker;
   std::shared_ptr<Waker> waker_;
 
   std::atomic<size_t> running_count_{0};  // the scheduler's running count, read without locks
   std::atomic<uint64_t> next_id_{1};
-  mutable std::mutex stats_mu_;
-  EngineStats stats_;  // counters, plus the snapshot fields published by publish_stats()
-  Histogram ttft_, itl_, e2e_, queue_;
+  mutable Mutex stats_mu_;
+  // Counters, plus the snapshot fields published by publish_stats().
+  EngineStats stats_ GUARDED_BY(stats_mu_);
+  Histogram ttft_, itl_, e2e_, queue_;  // each locks itself
   std::thread thread_;
 };
 

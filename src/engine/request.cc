@@ -26,20 +26,20 @@ void RequestHandle::cancel() {
   cancelled_.store(true);
   std::function<void()> wake;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     wake = on_cancel_;
   }
   if (wake) wake();
 }
 
 void RequestHandle::set_on_cancel(std::function<void()> on_cancel) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   on_cancel_ = std::move(on_cancel);
 }
 
 bool RequestHandle::next(TokenEvent& event) {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return !events_.empty() || done_; });
+  MutexLock lock(mu_);
+  while (events_.empty() && !done_) cv_.wait(lock);
   if (events_.empty()) return false;
   event = std::move(events_.front());
   events_.pop_front();
@@ -48,8 +48,12 @@ bool RequestHandle::next(TokenEvent& event) {
 
 bool RequestHandle::next_for(TokenEvent& event, std::chrono::milliseconds timeout,
                              bool& timed_out) {
-  std::unique_lock lock(mu_);
-  timed_out = !cv_.wait_for(lock, timeout, [&] { return !events_.empty() || done_; });
+  MutexLock lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (events_.empty() && !done_) {
+    if (!cv_.wait_until(lock, deadline)) break;
+  }
+  timed_out = events_.empty() && !done_;
   if (timed_out || events_.empty()) return false;
   event = std::move(events_.front());
   events_.pop_front();
@@ -57,17 +61,17 @@ bool RequestHandle::next_for(TokenEvent& event, std::chrono::milliseconds timeou
 }
 
 bool RequestHandle::finished() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return done_;
 }
 
 RequestStats RequestHandle::stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return stats_;
 }
 
 std::string RequestHandle::error() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return error_;
 }
 
@@ -80,7 +84,7 @@ std::string RequestHandle::wait_text() {
 
 void RequestHandle::push(TokenEvent event) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     events_.push_back(std::move(event));
   }
   cv_.notify_all();
@@ -88,7 +92,7 @@ void RequestHandle::push(TokenEvent event) {
 
 void RequestHandle::finish(const RequestStats& stats, std::string error) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stats_ = stats;
     error_ = std::move(error);
     done_ = true;

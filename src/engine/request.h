@@ -6,15 +6,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "base/error.h"
+#include "base/mutex.h"
 #include "kv/content_hash.h"
 #include "kv/prefix_index.h"
 #include "model/sampler.h"
@@ -114,13 +113,13 @@ class RequestHandle {
  private:
   const uint64_t id_;
   std::atomic<bool> cancelled_{false};
-  mutable std::mutex mu_;
-  std::function<void()> on_cancel_;
-  std::condition_variable cv_;
-  std::deque<TokenEvent> events_;
-  bool done_ = false;
-  RequestStats stats_;
-  std::string error_;
+  mutable Mutex mu_;
+  std::function<void()> on_cancel_ GUARDED_BY(mu_);
+  CondVar cv_;
+  std::deque<TokenEvent> events_ GUARDED_BY(mu_);
+  bool done_ GUARDED_BY(mu_) = false;
+  RequestStats stats_ GUARDED_BY(mu_);
+  std::string error_ GUARDED_BY(mu_);
 };
 
 }  // namespace kvc::engine
