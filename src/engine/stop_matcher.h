@@ -1,6 +1,8 @@
 // Turns a stream of token pieces into text deltas, stopping at stop strings that may span
 // token boundaries: no delta ever contains a stop string or the start of one that might
 // still complete, and no delta ends inside a UTF-8 character.
+//
+// Thread-safety: none; one matcher belongs to one sequence, used by one thread at a time.
 #pragma once
 
 #include <string>

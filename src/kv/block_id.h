@@ -1,4 +1,6 @@
 // The id of a block in the KV pool.
+//
+// Thread-safety: a plain value.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,8 @@
 // Cache identity: the namespace a block lives in. Two blocks are shared only if everything
 // that shapes their keys and values agrees: model weights and tokenizer (the model
 // fingerprint), KV dtype, block size, tenant salt and adapter.
+//
+// Thread-safety: pure functions over values; safe from any thread.
 #pragma once
 
 #include <string>

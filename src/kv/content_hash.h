@@ -3,6 +3,8 @@
 // A block's hash chains its namespace, its parent's hash and its own token ids, so equal
 // hashes mean equal namespace and equal tokens from the start of the sequence: later tiers
 // and other processes can name a block by its hash alone.
+//
+// Thread-safety: pure functions over values; safe from any thread.
 #pragma once
 
 #include <array>

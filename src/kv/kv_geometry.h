@@ -2,6 +2,8 @@
 //
 // This is the single place that turns a model's attention geometry into bytes; the block
 // pool allocates with it and `kvcache plan` predicts with it, so the two always agree.
+//
+// Thread-safety: an immutable value once built; safe to read from any thread.
 #pragma once
 
 #include <cstddef>

@@ -6,6 +6,8 @@
 // pool allocates to the byte. Other geometries (MLA latents, sliding windows, per-layer shapes)
 // are costed per layer, as a paged allocator that frees blocks leaving the window would hold
 // them.
+//
+// Thread-safety: pure functions over values; safe from any thread.
 #pragma once
 
 #include <cstddef>
