@@ -37,7 +37,7 @@ test-tsan: setup
 	cmake --build build/tsan -j $(JOBS) --target engine_tests server_tests
 	for t in engine_tests server_tests; do \
 	  KVCACHE_TEST_MODEL=$(abspath $(TEST_MODEL)) KVCACHE_SOAK_SECONDS=20 \
-	    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build/tsan/tests/$$t || exit 1; \
+	    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(abspath tests/tsan.supp)" build/tsan/tests/$$t || exit 1; \
 	done
 
 # Clang's thread-safety analysis over the layers whose mutexes carry annotations.

@@ -46,6 +46,10 @@ Engine::Engine(const model::LlamaModel& model, const model::Tokenizer& tokenizer
   ko.session_ttl_ms = options_.session_ttl_ms;
   ko.session_max_blocks = options_.session_max_blocks;
   ko.tenant_pinned_max_blocks = options_.tenant_pinned_max_blocks;
+  if (options_.prefix_cache) model_fingerprint_ = model::model_fingerprint(model_.file());
+  ko.disk_dir = options_.kv_disk_dir;
+  ko.disk_max_bytes = options_.kv_disk_max_bytes;
+  ko.model_fingerprint = model_fingerprint_;
   kv_ = std::make_unique<KvCacheManager>(geometry_, bytes, ko);
   pool_ = &kv_->pool();
   num_blocks_ = kv_->pool().num_blocks();
@@ -60,7 +64,6 @@ Engine::Engine(const model::LlamaModel& model, const model::Tokenizer& tokenizer
   so.max_preemptions = options_.max_preemptions;
   so.context_length = static_cast<size_t>(c.context_length);
   scheduler_ = std::make_unique<Scheduler>(so);
-  if (options_.prefix_cache) model_fingerprint_ = model::model_fingerprint(model_.file());
   const int threads =
       options_.threads > 0 ? options_.threads : std::max(1u, std::thread::hardware_concurrency());
   threads_ = std::make_unique<ThreadPool>(threads);
@@ -389,9 +392,11 @@ void Engine::publish_stats() {
   const kv::PrefixIndexStats cache = kv_->index_stats();
   const size_t sessions = kv_->session_count();
   const size_t running = scheduler_->running();
+  const TierCounts tiers = kv_->tier_counts();
   running_count_.store(running);
   {
     MutexLock lock(stats_mu_);
+    stats_.tiers = tiers;
     stats_.blocks = blocks;
     stats_.cache = cache;
     stats_.sessions = sessions;
@@ -433,6 +438,19 @@ size_t Engine::flush_cache() {
   }
   wake();
   return n;
+}
+
+size_t Engine::flush_tiers() {
+  MutexLock lock(state_mu_);
+  const size_t n = kv_->flush_tiers();
+  publish_stats();
+  return n;
+}
+
+void Engine::drain_tiers() {
+  MutexLock lock(state_mu_);
+  kv_->drain_tiers();
+  publish_stats();
 }
 
 EngineStats Engine::stats() const {

@@ -48,6 +48,8 @@ struct EngineOptions {
   double session_ttl_ms = 10 * 60 * 1000.0;
   size_t session_max_blocks = 256;      // blocks a session keeps pinned between turns
   size_t tenant_pinned_max_blocks = 0;  // per namespace, sessions and pins; 0: pool / 4
+  std::string kv_disk_dir;              // the disk tier's directory; empty: none
+  uint64_t kv_disk_max_bytes = uint64_t{10} << 30;
   // Called on the engine thread before each forward pass, outside the state lock (tests use it
   // to show that cache operations never wait for compute).
   std::function<void()> before_forward;
@@ -69,6 +71,7 @@ struct EngineStats {
   size_t sessions = 0;
   KvCacheCounts blocks;
   kv::PrefixIndexStats cache;
+  TierCounts tiers;
 };
 
 class Engine {
@@ -97,6 +100,10 @@ class Engine {
   // Pins the prefix's cached blocks (within the tenant's pinned allowance); returns the lease.
   kv::PinLease pin(const kv::Hash256& ns, std::span<const int32_t> tokens, double ttl_ms);
   size_t flush_cache();
+  // Deletes every block stored in the lower tiers (disk); returns how many.
+  size_t flush_tiers();
+  // Waits until every block offered to the lower tiers is written.
+  void drain_tiers();
 
   // The latest snapshot (published after every step and cache operation).
   EngineStats stats() const;

@@ -17,6 +17,21 @@ KvCacheManager::KvCacheManager(const kv::KvGeometry& geometry, uint64_t memory_b
   tenant_cap_ = options_.tenant_pinned_max_blocks > 0
                     ? options_.tenant_pinned_max_blocks
                     : std::max<size_t>(1, pool_->num_blocks() / 4);
+  if (!options_.disk_dir.empty() && options_.prefix_cache) {
+    kv::TierIdentity id;
+    id.model_fingerprint = options_.model_fingerprint;
+    id.geometry = geometry;
+    id.k_dtype = id.v_dtype = geometry.dtype;
+    disk_ = std::make_unique<kv::DiskStore>(options_.disk_dir, id, options_.disk_max_bytes);
+    // Up to 256 blocks (or 64 MiB) wait for the disk; beyond that, blocks are not stored.
+    const uint64_t queue_bytes =
+        std::min<uint64_t>(uint64_t{64} << 20, 256 * geometry.bytes_per_block());
+    disk_writer_ = std::make_unique<kv::TierWriteQueue>(
+        [store = disk_.get()](const kv::TierWrite& w) {
+          return store->put(w.ns, w.hash, w.tokens, w.payload);
+        },
+        std::max<uint64_t>(queue_bytes, geometry.bytes_per_block()));
+  }
 }
 
 uint64_t KvCacheManager::version() const {
@@ -26,6 +41,10 @@ uint64_t KvCacheManager::version() const {
 }
 
 const kv::PrefixMatch& KvCacheManager::computed(Sequence& s) {
+  if (!s.tiers_checked) {
+    s.tiers_checked = true;
+    load_from_tiers(s);
+  }
   const uint64_t v = version();
   if (s.lookup_version != v) {
     s.lookup = index_->explain(s.req.ns, s.tokens, s.tokens.size() - 1);
@@ -58,7 +77,76 @@ bool KvCacheManager::grow(Sequence& s, size_t tokens) {
 }
 
 void KvCacheManager::seal(Sequence& s, bool final) {
-  if (s.table) index_->insert(s.req.ns, s.tokens, s.written, *s.table, final);
+  if (!s.table) return;
+  const std::vector<kv::IndexedBlock> added =
+      index_->insert(s.req.ns, s.tokens, s.written, *s.table, final);
+  if (!disk_writer_) return;
+  const size_t bytes = pool_->geometry().bytes_per_block();
+  for (const kv::IndexedBlock& b : added) {
+    if (disk_->contains(b.hash)) continue;
+    const uint8_t* data = pool_->data(b.block);
+    disk_writer_->offer({s.req.ns, b.hash, static_cast<uint32_t>(pool_->geometry().block_tokens),
+                         std::vector<uint8_t>(data, data + bytes)});
+  }
+}
+
+void KvCacheManager::load_from_tiers(Sequence& s) {
+  if (!disk_ || s.tokens.size() < 2) return;
+  const size_t bt = pool_->geometry().block_tokens;
+  const size_t limit = s.tokens.size() - 1;  // the last prompt token is always computed
+  const kv::PrefixMatch in_pool = index_->explain(s.req.ns, s.tokens, limit);
+  const size_t first = in_pool.shared_blocks;
+  // The chained hashes of the blocks after the in-pool prefix that the disk holds.
+  kv::Hash256 parent{};
+  std::vector<kv::Hash256> found;
+  const std::span<const int32_t> tokens(s.tokens);
+  for (size_t b = 0; (b + 1) * bt <= limit; ++b) {
+    parent = kv::chain_hash(s.req.ns, parent, tokens.subspan(b * bt, bt));
+    if (b < first) continue;
+    if (!disk_->contains(parent)) break;
+    found.push_back(parent);
+  }
+  if (found.empty()) return;
+  // A table sharing the in-pool prefix, extended by blocks read from disk, then indexed: the
+  // loaded blocks become ordinary cached blocks.
+  kv::BlockTable table(*pool_, this);
+  index_->match(s.req.ns, s.tokens, first * bt, table);
+  if (table.blocks().size() != first) return;  // the prefix changed under us: skip the tier
+  size_t loaded = 0;
+  for (const kv::Hash256& hash : found) {
+    if (!table.reserve((first + loaded + 1) * bt)) break;
+    const kv::BlockId id = table.blocks()[first + loaded];
+    const std::span<uint8_t> out(pool_->data(id), pool_->geometry().bytes_per_block());
+    if (!disk_->get(s.req.ns, hash, out)) break;
+    ++loaded;
+  }
+  if (loaded > 0) {
+    index_->insert(s.req.ns, s.tokens, (first + loaded) * bt, table, false);
+    loaded_blocks_ += loaded;
+    loaded_tokens_ += loaded * bt;
+    s.stats.disk_tokens += loaded * bt;
+  }
+  table.clear();
+}
+
+TierCounts KvCacheManager::tier_counts() const {
+  TierCounts t;
+  t.disk = disk_ != nullptr;
+  if (disk_) t.disk_store = disk_->stats();
+  if (disk_writer_) t.disk_writes = disk_writer_->stats();
+  t.loaded_blocks = loaded_blocks_;
+  t.loaded_tokens = loaded_tokens_;
+  return t;
+}
+
+size_t KvCacheManager::flush_tiers() {
+  if (!disk_) return 0;
+  disk_writer_->drain();
+  return disk_->clear();
+}
+
+void KvCacheManager::drain_tiers() {
+  if (disk_writer_) disk_writer_->drain();
 }
 
 void KvCacheManager::detach(Sequence& s) {

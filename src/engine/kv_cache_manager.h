@@ -2,6 +2,9 @@
 // request's computed (cached) blocks, allocates with inline eviction (unpinned blocks, least
 // recently used first; then pinned and session-held ones, before any running request is
 // preempted), seals filled blocks into the index, and owns pins and sessions with their caps.
+// With a disk tier, every full block it seals is also stored on disk behind the step loop, and
+// a request's lookup loads the blocks that follow its in-pool prefix from disk when they are
+// there (a warm restart finds them again).
 //
 // Thread-safety: none. The engine calls it from its step thread and from cache operations, all
 // under the engine's state mutex.
@@ -17,7 +20,9 @@
 #include "engine/sequence.h"
 #include "kv/block_pool.h"
 #include "kv/block_source.h"
+#include "kv/disk_store.h"
 #include "kv/prefix_index.h"
+#include "kv/tier_write_queue.h"
 
 namespace kvc::engine {
 
@@ -29,6 +34,19 @@ struct KvCacheOptions {
   // Blocks one namespace (tenant) may hold pinned through sessions and pins; 0: a quarter of
   // the pool.
   size_t tenant_pinned_max_blocks = 0;
+  // The disk tier: a directory and a byte budget (empty directory: no disk tier).
+  std::string disk_dir;
+  uint64_t disk_max_bytes = uint64_t{10} << 30;
+  // Identity of stored blocks: the model (weights and tokenizer) they were computed by.
+  kv::Hash256 model_fingerprint{};
+};
+
+struct TierCounts {
+  bool disk = false;  // a disk tier is configured
+  kv::DiskStoreStats disk_store;
+  kv::TierWriteStats disk_writes;
+  uint64_t loaded_blocks = 0;  // blocks loaded into the pool from the disk tier
+  uint64_t loaded_tokens = 0;
 };
 
 struct KvCacheCounts {
@@ -80,6 +98,11 @@ class KvCacheManager : public kv::BlockSource {
   size_t flush();
   KvCacheCounts counts() const;
   kv::PrefixIndexStats index_stats() const { return index_->stats(); }
+  TierCounts tier_counts() const;
+  // Deletes every block of the lower tiers; returns how many.
+  size_t flush_tiers();
+  // Waits until every block offered to the lower tiers has been written (tests, shutdown).
+  void drain_tiers();
   kv::NamespaceStats namespace_stats(const kv::Hash256& ns) const;
   const kv::BlockPool& pool() const { return *pool_; }
   kv::BlockPool& pool() { return *pool_; }
@@ -94,6 +117,9 @@ class KvCacheManager : public kv::BlockSource {
     double expires_at_ms = 0;
   };
   uint64_t version() const;
+  // Loads the blocks of s's prompt that follow its in-pool prefix from the disk tier into the
+  // pool and the index, as far as they are stored there in an unbroken chain.
+  void load_from_tiers(Sequence& s);
   // Pinned blocks ns may still add.
   size_t tenant_allowance(const kv::Hash256& ns) const;
 
@@ -102,6 +128,11 @@ class KvCacheManager : public kv::BlockSource {
   std::unique_ptr<kv::PrefixIndex> index_;
   size_t tenant_cap_ = 0;
   std::map<std::string, Session> sessions_;
+  // The writer is declared after the store, so it stops (finishing its writes) first.
+  std::unique_ptr<kv::DiskStore> disk_;
+  std::unique_ptr<kv::TierWriteQueue> disk_writer_;
+  uint64_t loaded_blocks_ = 0;
+  uint64_t loaded_tokens_ = 0;
 };
 
 }  // namespace kvc::engine

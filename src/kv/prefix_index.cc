@@ -287,14 +287,18 @@ PrefixIndex::Node* PrefixIndex::add_child(Space& sp, Node& parent, std::vector<i
   return n;
 }
 
-void PrefixIndex::insert(const Hash256& ns, std::span<const int32_t> tokens, size_t n_tokens,
-                         const BlockTable& table, bool include_partial) {
-  insert_blocks(ns, tokens, n_tokens, table, include_partial);
+std::vector<IndexedBlock> PrefixIndex::insert(const Hash256& ns, std::span<const int32_t> tokens,
+                                              size_t n_tokens, const BlockTable& table,
+                                              bool include_partial) {
+  std::vector<IndexedBlock> added;
+  insert_blocks(ns, tokens, n_tokens, table, include_partial, added);
   drop_if_empty(find_space(ns));
+  return added;
 }
 
 void PrefixIndex::insert_blocks(const Hash256& ns, std::span<const int32_t> tokens, size_t n_tokens,
-                                const BlockTable& table, bool include_partial) {
+                                const BlockTable& table, bool include_partial,
+                                std::vector<IndexedBlock>& added) {
   if (!options_.enabled) return;
   const size_t block = pool_.geometry().block_tokens;
   n_tokens = std::min(n_tokens, tokens.size());
@@ -328,6 +332,7 @@ void PrefixIndex::insert_blocks(const Hash256& ns, std::span<const int32_t> toke
     }
     node = add_child(sp, *node, std::vector<int32_t>(key.begin(), key.end()), b);
     if (node->partial) return;
+    added.push_back({node->hash, b, begin});
   }
 }
 

@@ -59,6 +59,13 @@ struct PrefixMatch {
   MissReason miss;
 };
 
+// A full block insert() newly indexed: what a lower tier needs to store it.
+struct IndexedBlock {
+  Hash256 hash{};  // chained hash (namespace, parent, tokens)
+  BlockId block = 0;
+  size_t first_token = 0;  // position of its first token in the sequence
+};
+
 // A pin of a prefix's cached blocks until an expiry; pins compose: a block stays pinned while
 // any live lease covers it, and releasing one lease leaves the others.
 struct PinLease {
@@ -109,8 +116,9 @@ class PrefixIndex : public BlockSource {
   // Indexes the blocks of table that hold tokens[0, n_tokens): every full block, and with
   // include_partial the last, partly filled one (pass it only when the sequence is done
   // writing). Indexed blocks become immutable and stay cached when their last reference goes.
-  void insert(const Hash256& ns, std::span<const int32_t> tokens, size_t n_tokens,
-              const BlockTable& table, bool include_partial);
+  // Returns the full blocks this call indexed (not those already cached).
+  std::vector<IndexedBlock> insert(const Hash256& ns, std::span<const int32_t> tokens,
+                                   size_t n_tokens, const BlockTable& table, bool include_partial);
 
   // Pins the first (at most max_blocks) cached full blocks of the prefix tokens until
   // now + ttl_ms under a new lease; eviction skips pinned blocks unless told otherwise.
@@ -160,7 +168,8 @@ class PrefixIndex : public BlockSource {
   Walk walk(const Hash256& ns, std::span<const int32_t> tokens, size_t limit) const;
   Space& space(const Hash256& ns);
   void insert_blocks(const Hash256& ns, std::span<const int32_t> tokens, size_t n_tokens,
-                     const BlockTable& table, bool include_partial);
+                     const BlockTable& table, bool include_partial,
+                     std::vector<IndexedBlock>& added);
   const Space* find_space(const Hash256& ns) const;
   Node* add_child(Space& sp, Node& parent, std::vector<int32_t> key, BlockId block);
   // Evicts the namespace's oldest leaves until it is under its quota, never `keep` (the node

@@ -1,0 +1,162 @@
+// The disk tier through the engine: blocks stored behind the step loop come back bit-identical,
+// survive a restart, are refused when damaged or foreign, and stay within their namespace.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine/engine_fixture.h"
+#include "scratch_dir.h"
+
+namespace kvc::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path tier_dir(const std::string& name) {
+  return kvc::testing::scratch_dir() / fmt::format("tier-{}", name);
+}
+
+EngineOptions tiered(const fs::path& dir) {
+  EngineOptions o;
+  o.threads = 1;
+  o.block_tokens = 16;
+  o.kv_disk_dir = dir.string();
+  o.kv_disk_max_bytes = 64 << 20;
+  return o;
+}
+
+Request recorded(std::vector<int32_t> prompt, const kv::Hash256& ns) {
+  Request r = greedy(std::move(prompt), 6);
+  r.record_logits = true;
+  r.ns = ns;
+  return r;
+}
+
+std::vector<int32_t> prompt_of(const Loaded& m, size_t n, uint64_t seed) {
+  model::Rng rng(seed);
+  return random_prompt(rng, m.model->config().n_vocab, n);
+}
+
+// A cold run's logits: an engine without a prefix cache or tiers.
+Completion cold_run(const Loaded& m, const std::vector<int32_t>& prompt) {
+  EngineOptions o;
+  o.threads = 1;
+  o.block_tokens = 16;
+  o.prefix_cache = false;
+  Engine e(*m.model, *m.tokenizer, o);
+  return complete(e, recorded(prompt, kv::Hash256{}));
+}
+
+size_t block_files(const fs::path& dir) {
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) n += e.path().extension() == ".kvb" ? 1 : 0;
+  return n;
+}
+
+TEST(EngineTiers, BlocksLoadedFromDiskGiveBitIdenticalLogits) {
+  Loaded m(model_path());
+  const auto prompt = prompt_of(m, 100, 1);
+  const Completion cold = cold_run(m, prompt);
+  const fs::path dir = tier_dir("identical");
+  Engine e(*m.model, *m.tokenizer, tiered(dir));
+  const kv::Hash256 ns = e.namespace_for("tenant", "");
+  const Completion first = complete(e, recorded(prompt, ns));
+  e.drain_tiers();
+  EXPECT_EQ(e.stats().tiers.disk_store.writes, 6u);  // 100 prompt + 5 written outputs: 6 blocks
+  EXPECT_EQ(block_files(dir), 6u);
+  e.flush_cache();  // the pool forgets; the disk keeps
+  const Completion again = complete(e, recorded(prompt, ns));
+  EXPECT_EQ(again.stats.cached_tokens, 96u);
+  EXPECT_EQ(again.stats.disk_tokens, 96u);
+  ASSERT_EQ(again.logits.size(), cold.logits.size());
+  for (size_t i = 0; i < cold.logits.size(); ++i) {
+    EXPECT_EQ(again.logits[i], cold.logits[i]) << "step " << i;
+    EXPECT_EQ(first.logits[i], cold.logits[i]) << "step " << i;
+  }
+  EXPECT_EQ(again.tokens, cold.tokens);
+  EXPECT_EQ(e.stats().tiers.loaded_blocks, 6u);
+}
+
+TEST(EngineTiers, AWarmRestartFindsTheBlocksAgain) {
+  Loaded m(model_path());
+  const auto prompt = prompt_of(m, 70, 2);
+  const Completion cold = cold_run(m, prompt);
+  const fs::path dir = tier_dir("restart");
+  kv::Hash256 ns{};
+  {
+    Engine e(*m.model, *m.tokenizer, tiered(dir));
+    ns = e.namespace_for("tenant", "");
+    complete(e, recorded(prompt, ns));
+  }  // the engine finishes its queued writes as it goes
+  Engine e(*m.model, *m.tokenizer, tiered(dir));
+  EXPECT_EQ(e.stats().tiers.disk_store.found_at_open, 4u);
+  const Completion again = complete(e, recorded(prompt, ns));
+  EXPECT_EQ(again.stats.cached_tokens, 64u);
+  EXPECT_EQ(again.stats.disk_tokens, 64u);
+  EXPECT_EQ(again.logits, cold.logits);
+}
+
+TEST(EngineTiers, ADamagedBlockIsRecomputedAndCounted) {
+  Loaded m(model_path());
+  const auto prompt = prompt_of(m, 70, 3);
+  const Completion cold = cold_run(m, prompt);
+  const fs::path dir = tier_dir("damaged");
+  Engine e(*m.model, *m.tokenizer, tiered(dir));
+  const kv::Hash256 ns = e.namespace_for("tenant", "");
+  complete(e, recorded(prompt, ns));
+  e.drain_tiers();
+  e.flush_cache();
+  // Flip one payload byte of the prompt's second block.
+  const auto block = std::vector<int32_t>(prompt.begin(), prompt.begin() + 16);
+  kv::Hash256 h = kv::chain_hash(ns, kv::Hash256{}, block);
+  h = kv::chain_hash(ns, h, std::span(prompt).subspan(16, 16));
+  const fs::path file = dir / kv::DiskStore::file_name(h);
+  ASSERT_TRUE(fs::exists(file));
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(kv::kTierHeaderBytes + 5);
+    f.put('\x7f');
+  }
+  const Completion again = complete(e, recorded(prompt, ns));
+  EXPECT_EQ(again.stats.disk_tokens, 16u);  // the first block only: the chain breaks after it
+  EXPECT_EQ(again.logits, cold.logits);
+  EXPECT_EQ(e.stats().tiers.disk_store.corrupt, 1u);
+  // The recomputed block was stored again, whole, and serves the next request.
+  e.drain_tiers();
+  e.flush_cache();
+  EXPECT_EQ(complete(e, recorded(prompt, ns)).stats.disk_tokens, 64u);
+  EXPECT_EQ(e.stats().tiers.disk_store.corrupt, 1u);
+}
+
+TEST(EngineTiers, TiersKeepNamespacesApart) {
+  Loaded m(model_path());
+  const auto prompt = prompt_of(m, 70, 4);
+  const fs::path dir = tier_dir("tenants");
+  Engine e(*m.model, *m.tokenizer, tiered(dir));
+  complete(e, recorded(prompt, e.namespace_for("alice", "")));
+  e.drain_tiers();
+  e.flush_cache();
+  const Completion bob = complete(e, recorded(prompt, e.namespace_for("bob", "")));
+  EXPECT_EQ(bob.stats.cached_tokens, 0u);
+  EXPECT_EQ(bob.stats.disk_tokens, 0u);
+  EXPECT_EQ(bob.stats.miss.kind, kv::MissKind::kCold);
+}
+
+TEST(EngineTiers, FlushingTheTiersDeletesOnlyBlockFiles) {
+  Loaded m(model_path());
+  const fs::path dir = tier_dir("flush");
+  fs::create_directories(dir);
+  std::ofstream(dir / "keep.txt") << "not a block";
+  Engine e(*m.model, *m.tokenizer, tiered(dir));
+  complete(e, recorded(prompt_of(m, 70, 5), e.namespace_for("t", "")));
+  e.drain_tiers();
+  EXPECT_EQ(block_files(dir), 4u);
+  EXPECT_EQ(e.flush_tiers(), 4u);
+  EXPECT_EQ(block_files(dir), 0u);
+  EXPECT_TRUE(fs::exists(dir / "keep.txt"));
+}
+
+}  // namespace
+}  // namespace kvc::engine
