@@ -17,20 +17,34 @@ KvCacheManager::KvCacheManager(const kv::KvGeometry& geometry, uint64_t memory_b
   tenant_cap_ = options_.tenant_pinned_max_blocks > 0
                     ? options_.tenant_pinned_max_blocks
                     : std::max<size_t>(1, pool_->num_blocks() / 4);
+  kv::TierIdentity id;
+  id.model_fingerprint = options_.model_fingerprint;
+  id.geometry = geometry;
+  id.k_dtype = id.v_dtype = geometry.dtype;
+  // Up to 256 blocks (or 64 MiB) wait for a tier; beyond that, blocks are not stored there.
+  const uint64_t queue_bytes =
+      std::max<uint64_t>(geometry.bytes_per_block(),
+                         std::min<uint64_t>(uint64_t{64} << 20, 256 * geometry.bytes_per_block()));
+  if (!options_.redis_url.empty() && options_.prefix_cache) {
+    kv::RedisStoreOptions ro;
+    ro.address = kv::parse_redis_url(options_.redis_url);
+    if (!options_.redis_password.empty()) ro.address.password = options_.redis_password;
+    ro.timeout_ms = options_.redis_timeout_ms;
+    ro.ttl_seconds = options_.redis_ttl_seconds;
+    redis_ = std::make_unique<kv::RedisStore>(id, ro);
+    redis_writer_ = std::make_unique<kv::TierWriteQueue>(
+        [store = redis_.get()](const kv::TierWrite& w) {
+          return store->put(w.ns, w.hash, w.tokens, w.payload);
+        },
+        queue_bytes);
+  }
   if (!options_.disk_dir.empty() && options_.prefix_cache) {
-    kv::TierIdentity id;
-    id.model_fingerprint = options_.model_fingerprint;
-    id.geometry = geometry;
-    id.k_dtype = id.v_dtype = geometry.dtype;
     disk_ = std::make_unique<kv::DiskStore>(options_.disk_dir, id, options_.disk_max_bytes);
-    // Up to 256 blocks (or 64 MiB) wait for the disk; beyond that, blocks are not stored.
-    const uint64_t queue_bytes =
-        std::min<uint64_t>(uint64_t{64} << 20, 256 * geometry.bytes_per_block());
     disk_writer_ = std::make_unique<kv::TierWriteQueue>(
         [store = disk_.get()](const kv::TierWrite& w) {
           return store->put(w.ns, w.hash, w.tokens, w.payload);
         },
-        std::max<uint64_t>(queue_bytes, geometry.bytes_per_block()));
+        queue_bytes);
   }
 }
 
@@ -80,51 +94,72 @@ void KvCacheManager::seal(Sequence& s, bool final) {
   if (!s.table) return;
   const std::vector<kv::IndexedBlock> added =
       index_->insert(s.req.ns, s.tokens, s.written, *s.table, final);
-  if (!disk_writer_) return;
+  if (!disk_writer_ && !redis_writer_) return;
   const size_t bytes = pool_->geometry().bytes_per_block();
+  const auto tokens = static_cast<uint32_t>(pool_->geometry().block_tokens);
   for (const kv::IndexedBlock& b : added) {
-    if (disk_->contains(b.hash)) continue;
     const uint8_t* data = pool_->data(b.block);
-    disk_writer_->offer({s.req.ns, b.hash, static_cast<uint32_t>(pool_->geometry().block_tokens),
-                         std::vector<uint8_t>(data, data + bytes)});
+    if (disk_writer_ && !disk_->contains(b.hash)) {
+      disk_writer_->offer({s.req.ns, b.hash, tokens, std::vector<uint8_t>(data, data + bytes)});
+    }
+    if (redis_writer_) {
+      redis_writer_->offer({s.req.ns, b.hash, tokens, std::vector<uint8_t>(data, data + bytes)});
+    }
   }
 }
 
 void KvCacheManager::load_from_tiers(Sequence& s) {
-  if (!disk_ || s.tokens.size() < 2) return;
+  if ((!disk_ && !redis_) || s.tokens.size() < 2) return;
   const size_t bt = pool_->geometry().block_tokens;
   const size_t limit = s.tokens.size() - 1;  // the last prompt token is always computed
-  const kv::PrefixMatch in_pool = index_->explain(s.req.ns, s.tokens, limit);
-  const size_t first = in_pool.shared_blocks;
-  // The chained hashes of the blocks after the in-pool prefix that the disk holds.
+  const size_t first = index_->explain(s.req.ns, s.tokens, limit).shared_blocks;
+  // The chained hashes of the prompt's full blocks after the in-pool prefix.
   kv::Hash256 parent{};
-  std::vector<kv::Hash256> found;
+  std::vector<kv::Hash256> wanted;
   const std::span<const int32_t> tokens(s.tokens);
   for (size_t b = 0; (b + 1) * bt <= limit; ++b) {
     parent = kv::chain_hash(s.req.ns, parent, tokens.subspan(b * bt, bt));
-    if (b < first) continue;
-    if (!disk_->contains(parent)) break;
-    found.push_back(parent);
+    if (b >= first) wanted.push_back(parent);
   }
-  if (found.empty()) return;
-  // A table sharing the in-pool prefix, extended by blocks read from disk, then indexed: the
-  // loaded blocks become ordinary cached blocks.
+  // Where each comes from: the disk's unbroken run first, then Redis's for the rest.
+  size_t on_disk = 0;
+  while (disk_ && on_disk < wanted.size() && disk_->contains(wanted[on_disk])) ++on_disk;
+  size_t in_redis = 0;
+  if (redis_ && on_disk < wanted.size()) {
+    in_redis = redis_->present_prefix(s.req.ns, std::span(wanted).subspan(on_disk));
+  }
+  if (on_disk + in_redis == 0) return;
+  // A table sharing the in-pool prefix, extended by blocks read from the tiers, then indexed:
+  // the loaded blocks become ordinary cached blocks.
   kv::BlockTable table(*pool_, this);
   index_->match(s.req.ns, s.tokens, first * bt, table);
-  if (table.blocks().size() != first) return;  // the prefix changed under us: skip the tier
-  size_t loaded = 0;
-  for (const kv::Hash256& hash : found) {
+  if (table.blocks().size() != first) return;  // the prefix changed under us: skip the tiers
+  const size_t bytes = pool_->geometry().bytes_per_block();
+  size_t loaded = 0, from_disk = 0, from_redis = 0;
+  for (; loaded < on_disk + in_redis; ++loaded) {
     if (!table.reserve((first + loaded + 1) * bt)) break;
     const kv::BlockId id = table.blocks()[first + loaded];
-    const std::span<uint8_t> out(pool_->data(id), pool_->geometry().bytes_per_block());
-    if (!disk_->get(s.req.ns, hash, out)) break;
-    ++loaded;
+    const std::span<uint8_t> out(pool_->data(id), bytes);
+    const kv::Hash256& hash = wanted[loaded];
+    if (loaded < on_disk) {
+      if (!disk_->get(s.req.ns, hash, out)) break;
+      ++from_disk;
+    } else {
+      if (!redis_->get(s.req.ns, hash, out)) break;
+      ++from_redis;
+      // Kept on the local disk too, so the next hit does not cross the network.
+      if (disk_writer_) {
+        disk_writer_->offer({s.req.ns, hash, static_cast<uint32_t>(bt),
+                             std::vector<uint8_t>(out.begin(), out.end())});
+      }
+    }
   }
   if (loaded > 0) {
     index_->insert(s.req.ns, s.tokens, (first + loaded) * bt, table, false);
-    loaded_blocks_ += loaded;
-    loaded_tokens_ += loaded * bt;
-    s.stats.disk_tokens += loaded * bt;
+    disk_loaded_blocks_ += from_disk;
+    redis_loaded_blocks_ += from_redis;
+    s.stats.disk_tokens += from_disk * bt;
+    s.stats.redis_tokens += from_redis * bt;
   }
   table.clear();
 }
@@ -134,19 +169,25 @@ TierCounts KvCacheManager::tier_counts() const {
   t.disk = disk_ != nullptr;
   if (disk_) t.disk_store = disk_->stats();
   if (disk_writer_) t.disk_writes = disk_writer_->stats();
-  t.loaded_blocks = loaded_blocks_;
-  t.loaded_tokens = loaded_tokens_;
+  t.redis = redis_ != nullptr;
+  if (redis_) t.redis_store = redis_->stats();
+  if (redis_writer_) t.redis_writes = redis_writer_->stats();
+  t.disk_loaded_blocks = disk_loaded_blocks_;
+  t.redis_loaded_blocks = redis_loaded_blocks_;
   return t;
 }
 
 size_t KvCacheManager::flush_tiers() {
-  if (!disk_) return 0;
-  disk_writer_->drain();
-  return disk_->clear();
+  drain_tiers();
+  size_t n = 0;
+  if (disk_) n += disk_->clear();
+  if (redis_) n += redis_->clear();
+  return n;
 }
 
 void KvCacheManager::drain_tiers() {
   if (disk_writer_) disk_writer_->drain();
+  if (redis_writer_) redis_writer_->drain();
 }
 
 void KvCacheManager::detach(Sequence& s) {

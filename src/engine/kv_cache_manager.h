@@ -2,9 +2,10 @@
 // request's computed (cached) blocks, allocates with inline eviction (unpinned blocks, least
 // recently used first; then pinned and session-held ones, before any running request is
 // preempted), seals filled blocks into the index, and owns pins and sessions with their caps.
-// With a disk tier, every full block it seals is also stored on disk behind the step loop, and
-// a request's lookup loads the blocks that follow its in-pool prefix from disk when they are
-// there (a warm restart finds them again).
+// With lower tiers (disk, Redis), every full block it seals is also stored there behind the
+// step loop, and a request's lookup loads the blocks that follow its in-pool prefix from the
+// tiers, disk first, as far as they hold an unbroken chain (a warm restart, or another
+// instance on the same Redis, finds them again).
 //
 // Thread-safety: none. The engine calls it from its step thread and from cache operations, all
 // under the engine's state mutex.
@@ -22,6 +23,7 @@
 #include "kv/block_source.h"
 #include "kv/disk_store.h"
 #include "kv/prefix_index.h"
+#include "kv/redis_store.h"
 #include "kv/tier_write_queue.h"
 
 namespace kvc::engine {
@@ -37,6 +39,11 @@ struct KvCacheOptions {
   // The disk tier: a directory and a byte budget (empty directory: no disk tier).
   std::string disk_dir;
   uint64_t disk_max_bytes = uint64_t{10} << 30;
+  // The Redis tier (empty URL: none).
+  std::string redis_url;
+  std::string redis_password;  // overrides the URL's password (from a file)
+  double redis_timeout_ms = 100;
+  double redis_ttl_seconds = 24 * 3600.0;
   // Identity of stored blocks: the model (weights and tokenizer) they were computed by.
   kv::Hash256 model_fingerprint{};
 };
@@ -45,8 +52,11 @@ struct TierCounts {
   bool disk = false;  // a disk tier is configured
   kv::DiskStoreStats disk_store;
   kv::TierWriteStats disk_writes;
-  uint64_t loaded_blocks = 0;  // blocks loaded into the pool from the disk tier
-  uint64_t loaded_tokens = 0;
+  bool redis = false;  // a Redis tier is configured
+  kv::RedisStoreStats redis_store;
+  kv::TierWriteStats redis_writes;
+  uint64_t disk_loaded_blocks = 0;  // blocks loaded into the pool from each tier
+  uint64_t redis_loaded_blocks = 0;
 };
 
 struct KvCacheCounts {
@@ -117,7 +127,7 @@ class KvCacheManager : public kv::BlockSource {
     double expires_at_ms = 0;
   };
   uint64_t version() const;
-  // Loads the blocks of s's prompt that follow its in-pool prefix from the disk tier into the
+  // Loads the blocks of s's prompt that follow its in-pool prefix from the lower tiers into the
   // pool and the index, as far as they are stored there in an unbroken chain.
   void load_from_tiers(Sequence& s);
   // Pinned blocks ns may still add.
@@ -131,8 +141,10 @@ class KvCacheManager : public kv::BlockSource {
   // The writer is declared after the store, so it stops (finishing its writes) first.
   std::unique_ptr<kv::DiskStore> disk_;
   std::unique_ptr<kv::TierWriteQueue> disk_writer_;
-  uint64_t loaded_blocks_ = 0;
-  uint64_t loaded_tokens_ = 0;
+  std::unique_ptr<kv::RedisStore> redis_;
+  std::unique_ptr<kv::TierWriteQueue> redis_writer_;
+  uint64_t disk_loaded_blocks_ = 0;
+  uint64_t redis_loaded_blocks_ = 0;
 };
 
 }  // namespace kvc::engine

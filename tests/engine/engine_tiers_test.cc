@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "engine/engine_fixture.h"
+#include "redis_server.h"
 #include "scratch_dir.h"
 
 namespace kvc::engine {
@@ -76,7 +77,7 @@ TEST(EngineTiers, BlocksLoadedFromDiskGiveBitIdenticalLogits) {
     EXPECT_EQ(first.logits[i], cold.logits[i]) << "step " << i;
   }
   EXPECT_EQ(again.tokens, cold.tokens);
-  EXPECT_EQ(e.stats().tiers.loaded_blocks, 6u);
+  EXPECT_EQ(e.stats().tiers.disk_loaded_blocks, 6u);
 }
 
 TEST(EngineTiers, AWarmRestartFindsTheBlocksAgain) {
@@ -156,6 +157,79 @@ TEST(EngineTiers, FlushingTheTiersDeletesOnlyBlockFiles) {
   EXPECT_EQ(e.flush_tiers(), 4u);
   EXPECT_EQ(block_files(dir), 0u);
   EXPECT_TRUE(fs::exists(dir / "keep.txt"));
+}
+
+EngineOptions with_redis(const kvc::testing::RedisServer& redis) {
+  EngineOptions o;
+  o.threads = 1;
+  o.block_tokens = 16;
+  o.kv_redis_url = redis.url();
+  o.kv_redis_timeout_ms = 200;
+  return o;
+}
+
+TEST(EngineTiers, ASecondInstanceHitsWhatTheFirstComputedThroughRedis) {
+  if (!kvc::testing::redis_server_available()) GTEST_SKIP() << "redis-server not found";
+  kvc::testing::RedisServer redis;
+  ASSERT_TRUE(redis.running());
+  Loaded m(model_path());
+  const auto prompt = prompt_of(m, 70, 6);
+  const Completion cold = cold_run(m, prompt);
+  Engine first(*m.model, *m.tokenizer, with_redis(redis));
+  const kv::Hash256 ns = first.namespace_for("tenant", "");
+  complete(first, recorded(prompt, ns));
+  first.drain_tiers();
+  EXPECT_EQ(first.stats().tiers.redis_store.writes, 4u);
+  // Another instance (its own pool and a disk tier) on the same Redis.
+  EngineOptions o = with_redis(redis);
+  o.kv_disk_dir = tier_dir("second-instance").string();
+  Engine second(*m.model, *m.tokenizer, o);
+  const Completion hit = complete(second, recorded(prompt, ns));
+  EXPECT_EQ(hit.stats.cached_tokens, 64u);
+  EXPECT_EQ(hit.stats.redis_tokens, 64u);
+  EXPECT_EQ(hit.logits, cold.logits);
+  // What came from Redis is kept on the local disk too.
+  second.drain_tiers();
+  second.flush_cache();
+  const Completion local = complete(second, recorded(prompt, ns));
+  EXPECT_EQ(local.stats.disk_tokens, 64u);
+  EXPECT_EQ(local.stats.redis_tokens, 0u);
+  // Another tenant gets nothing through Redis.
+  const Completion other = complete(second, recorded(prompt, second.namespace_for("other", "")));
+  EXPECT_EQ(other.stats.cached_tokens, 0u);
+  EXPECT_EQ(other.stats.redis_tokens, 0u);
+}
+
+TEST(EngineTiers, RequestsKeepTheirAnswersWhileRedisIsDownAndAfterItReturns) {
+  if (!kvc::testing::redis_server_available()) GTEST_SKIP() << "redis-server not found";
+  kvc::testing::RedisServer redis;
+  ASSERT_TRUE(redis.running());
+  Loaded m(model_path());
+  EngineOptions o = with_redis(redis);
+  Engine e(*m.model, *m.tokenizer, o);
+  const kv::Hash256 ns = e.namespace_for("tenant", "");
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) prompts.push_back(prompt_of(m, 50, 10 + i));
+  complete(e, recorded(prompts[0], ns));
+  redis.kill();
+  for (int i = 1; i < 4; ++i) {
+    const Completion c = complete(e, recorded(prompts[i], ns));
+    EXPECT_TRUE(c.error.empty()) << c.error;
+    EXPECT_EQ(c.logits, cold_run(m, prompts[i]).logits);
+  }
+  e.drain_tiers();
+  EXPECT_GT(e.stats().tiers.redis_store.errors + e.stats().tiers.redis_store.skipped, 0u);
+  ASSERT_TRUE(redis.restart());
+  // After the backoff the tier is used again.
+  bool stored = false;
+  for (int i = 0; i < 50 && !stored; ++i) {
+    const uint64_t before = e.stats().tiers.redis_store.writes;
+    complete(e, recorded(prompt_of(m, 40, 100 + i), ns));
+    e.drain_tiers();
+    stored = e.stats().tiers.redis_store.writes > before;
+    if (!stored) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(stored);
 }
 
 }  // namespace
