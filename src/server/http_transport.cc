@@ -292,8 +292,9 @@ bool HttpTransport::listen_with_backlog() {
 void HttpTransport::stop_connections() {
   std::lock_guard lock(mu_);
   stopping_ = true;
+  // Connections still waiting for (or reading) a request will not be answered any more.
   for (Connection* c : connections_) {
-    if (c->phase == Phase::kIdle) ::shutdown(c->fd, SHUT_RDWR);
+    if (c->phase != Phase::kAnswering) ::shutdown(c->fd, SHUT_RDWR);
   }
 }
 

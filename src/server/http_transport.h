@@ -65,7 +65,8 @@ class HttpTransport : public httplib::Server {
   // Widens the listen backlog (cpp-httplib's is 5), then serves until stop(); call after
   // bind_to_port or bind_to_any_port.
   bool listen_with_backlog();
-  // From now on idle connections close, and connections close after their current request.
+  // From now on connections that wait for or read a request close, and the others close after
+  // their current response.
   void stop_connections();
   ConnectionCounts counts() const;
   const TransportOptions& transport_options() const { return options_; }
