@@ -164,8 +164,13 @@ void serve(const ServeArgs& a) {
     std::_Exit(1);
   }).detach();
   const server::DrainReport drained = http.shutdown(a.drain_seconds);
-  spdlog::info("stopped after {:.2f} s: {} requests completed while draining, {} cancelled",
-               drained.seconds, drained.completed, drained.cancelled);
+  // The engine's "finished" counts cancelled requests too.
+  const engine::EngineStats st = engine.stats();
+  spdlog::info(
+      "stopped: {} requests completed, {} cancelled; the drain took {:.2f} s ({} completed, {} "
+      "cancelled)",
+      st.finished - st.cancelled, st.cancelled, drained.seconds, drained.completed,
+      drained.cancelled);
 }
 
 }  // namespace
