@@ -1,7 +1,6 @@
 // `kvcache run`: generate text from a prompt, streaming it to stdout.
 #include <spdlog/spdlog.h>
 
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -15,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/model_source.h"
 #include "engine/completion.h"
+#include "engine/generation_options.h"
 #include "kv/cache_namespace.h"
 #include "kv/memory_plan.h"
 #include "kv/prefix_index.h"
@@ -154,27 +154,25 @@ void run(const RunArgs& a) {
   for (std::string line; std::getline(summary, line);) spdlog::info("{}", line);
   spdlog::info("{} threads, {} kernels", threads, kernels::isa_name(kernels::active_isa()));
 
-  engine::Request request;
-  request.max_tokens = a.n_predict;
-  request.sampling.temperature = a.temperature;
-  request.sampling.top_k = a.top_k;
-  request.sampling.top_p = a.top_p;
-  request.sampling.min_p = a.min_p;
-  request.sampling.repeat_penalty = a.repeat_penalty;
-  request.sampling.repeat_last_n = a.repeat_last_n;
-  request.sampling.seed =
-      a.seed >= 0
-          ? static_cast<uint64_t>(a.seed)
-          : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  request.ignore_eos = a.ignore_eos;
-  if (a.seed < 0) spdlog::info("seed {} (pass --seed to repeat this run)", request.sampling.seed);
+  engine::GenerationOptions gen;
+  gen.max_tokens = a.n_predict;
+  gen.sampling.temperature = a.temperature;
+  gen.sampling.top_k = a.top_k;
+  gen.sampling.top_p = a.top_p;
+  gen.sampling.min_p = a.min_p;
+  gen.sampling.repeat_penalty = a.repeat_penalty;
+  gen.sampling.repeat_last_n = a.repeat_last_n;
+  gen.sampling.seed = a.seed >= 0 ? static_cast<uint64_t>(a.seed) : engine::fresh_seed();
+  gen.ignore_eos = a.ignore_eos;
+  if (a.seed < 0) spdlog::info("seed {} (pass --seed to repeat this run)", gen.sampling.seed);
 
   const auto rate = [](size_t n, double ms) { return ms > 0 ? n * 1000.0 / ms : 0.0; };
   for (const PromptLine& p : prompts) {
     std::vector<int32_t> tokens = tokenizer.encode(p.prompt, tokenizer.add_bos());
     if (tokens.empty()) tokens.push_back(tokenizer.bos_id());
-    request.prompt = tokens;
-    request.ns = engine.namespace_for(p.ns);
+    gen.ns = engine.namespace_for(p.ns);
+    // Every prompt samples with the same seed, as separate runs would.
+    engine::Request request = engine::make_requests({tokens}, 1, gen).front();
     TextStream out;
     out.write(tokenizer.decode(tokens));
     const engine::Completion c =

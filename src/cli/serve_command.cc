@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "base/byte_size.h"
 #include "base/error.h"
@@ -40,6 +41,10 @@ struct ServeArgs {
   size_t max_waiting = 256;
   std::string max_body = "4MiB";
   double drain_seconds = 30;
+  size_t max_session_blocks = 256;
+  size_t max_tenant_pinned_blocks = 0;  // 0: a quarter of the pool
+  std::vector<std::string> served_model_names;
+  server::TransportOptions transport;
 };
 
 void serve(const ServeArgs& a) {
@@ -65,7 +70,11 @@ void serve(const ServeArgs& a) {
   options.max_body_bytes = parse_byte_size(a.max_body, "--max-body");
   // Every streaming request holds a connection thread while it runs or waits: room for all
   // the engine runs at once plus a margin for queued streams and /metrics scrapes.
-  options.http_threads = std::max(96, 2 * a.max_running + 32);
+  if (a.transport.header_timeout_s <= 0) fail("--header-timeout must be > 0");
+  if (a.transport.body_timeout_s <= 0) fail("--body-timeout must be > 0");
+  if (a.transport.max_connections < 1) fail("--max-connections must be >= 1");
+  // Every streaming request holds a connection (and its thread) while it runs or waits.
+  options.transport = a.transport;
   if (!a.api_keys.empty()) {
     options.api_keys = server::ApiKeys::load(a.api_keys);
     spdlog::info("API keys: {} keys for {} tenants from {}", options.api_keys->size(),
@@ -98,6 +107,8 @@ void serve(const ServeArgs& a) {
   eo.max_running = a.max_running;
   eo.max_waiting = a.max_waiting;
   eo.prefix_cache = !a.no_prefix_cache;
+  eo.session_max_blocks = a.max_session_blocks;
+  eo.tenant_pinned_max_blocks = a.max_tenant_pinned_blocks;
   if (!a.kv_memory.empty()) eo.kv_memory_bytes = parse_byte_size(a.kv_memory, "--kv-memory");
   engine::Engine engine(*model, tokenizer, eo);
 
@@ -116,11 +127,22 @@ void serve(const ServeArgs& a) {
                kernels::isa_name(kernels::active_isa()), eo.prefix_cache ? "on" : "off",
                eo.max_running, eo.max_waiting);
   spdlog::info("{}", template_note);
+  spdlog::info("sessions keep up to {} blocks each; a tenant's sessions and pins up to {} blocks",
+               eo.session_max_blocks, engine.tenant_pinned_max_blocks());
+  spdlog::info(
+      "connections: up to {} ({} per client address); headers due within {} s, bodies "
+      "within {} s",
+      a.transport.max_connections, a.transport.max_connections_per_client,
+      a.transport.header_timeout_s, a.transport.body_timeout_s);
 
   server::Backend backend;
   backend.engine = &engine;
   backend.chat_template = chat_template;
   backend.model_id = std::filesystem::path(path).stem().string();
+  for (const auto& name : a.served_model_names) {
+    if (name.empty()) fail("--served-model-name: a name must not be empty");
+    backend.served_model_names.push_back(name);
+  }
   http.set_ready(backend);
   // The server uses the engine until it has shut down, so it stops before the engine goes,
   // however this scope ends.
@@ -141,9 +163,14 @@ void serve(const ServeArgs& a) {
     spdlog::warn("{} again: exiting without waiting for the drain", strsignal(again));
     std::_Exit(1);
   }).detach();
-  http.shutdown(a.drain_seconds);
+  const server::DrainReport drained = http.shutdown(a.drain_seconds);
+  // The engine's "finished" counts cancelled requests too.
   const engine::EngineStats st = engine.stats();
-  spdlog::info("stopped: {} requests finished, {} cancelled", st.finished, st.cancelled);
+  spdlog::info(
+      "stopped: {} requests completed, {} cancelled; the drain took {:.2f} s ({} completed, {} "
+      "cancelled)",
+      st.finished - st.cancelled, st.cancelled, drained.seconds, drained.completed,
+      drained.cancelled);
 }
 
 }  // namespace
@@ -182,6 +209,29 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--drain-seconds", args->drain_seconds,
                   "On SIGTERM/SIGINT, how long in-flight requests may finish")
+      ->capture_default_str();
+  cmd->add_option("--max-session-blocks", args->max_session_blocks,
+                  "KV blocks one chat session keeps between turns")
+      ->capture_default_str();
+  cmd->add_option("--max-tenant-pinned-blocks", args->max_tenant_pinned_blocks,
+                  "KV blocks one tenant's sessions and pins may hold together (default: a "
+                  "quarter of the pool)");
+  cmd->add_option("--served-model-name", args->served_model_names,
+                  "Names the model answers to besides its file name, as NAME[,NAME...]; "
+                  "/v1/models lists them, other names get 404 model_not_found")
+      ->delimiter(',');
+  cmd->add_option("--header-timeout", args->transport.header_timeout_s,
+                  "Seconds a request's line and headers may take to arrive (then 408)")
+      ->capture_default_str();
+  cmd->add_option("--body-timeout", args->transport.body_timeout_s,
+                  "Seconds a request's body may take to arrive after its headers (then 408)")
+      ->capture_default_str();
+  cmd->add_option("--max-connections", args->transport.max_connections,
+                  "Open connections at most; at the cap a new one replaces the oldest idle or "
+                  "still-arriving one, else gets 503")
+      ->capture_default_str();
+  cmd->add_option("--max-connections-per-client", args->transport.max_connections_per_client,
+                  "Open connections per client address (more get 429); 0: no cap")
       ->capture_default_str();
   cmd->callback([args] { serve(*args); });
 }

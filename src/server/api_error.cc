@@ -35,8 +35,14 @@ ApiError error_for_status(int status, const std::string& method, const std::stri
                                   "(--max-body)",
                                   max_body_bytes),
                       "", "request_too_large");
+    case 414:
+      return ApiError(414, "invalid_request_error",
+                      "the request line is longer than the limit of 8192 bytes", "",
+                      "uri_too_long");
     case 400:
-      return ApiError(400, "invalid_request_error", "malformed HTTP request");
+      return ApiError(400, "invalid_request_error",
+                      "malformed HTTP request (or a header line longer than the limit of 8192 "
+                      "bytes)");
     default:
       return ApiError(status, status >= 500 ? "server_error" : "invalid_request_error",
                       fmt::format("HTTP status {}", status));

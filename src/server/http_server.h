@@ -1,49 +1,57 @@
 // The OpenAI-compatible HTTP server: routes, authentication, and its lifecycle (loading,
-// ready, draining).
+// ready, draining). The pieces it routes to live in their own files: the connection layer
+// (http_transport), tenants, the request mapping, the choice accumulator and SSE writer, and
+// the cache endpoints.
 //
-// Each connection is served by one thread of a fixed pool (cpp-httplib's blocking model); a
-// streaming response holds its thread until the stream ends, so the pool is sized above the
-// number of streams expected at once.
+// Thread-safety: start(), set_ready() and shutdown() are for the owning thread (shutdown is
+// idempotent and may also run from the destructor). Handlers run on connection threads; the
+// state they share (lifecycle state, response counters, in-flight count) is atomic or guarded
+// by its own mutex, and the backend is written once before the state becomes ready.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 
 #include "engine/engine.h"
 #include "server/api_keys.h"
+#include "server/backend.h"
 #include "server/chat_template.h"
+#include "server/http_transport.h"
 #include "server/openai_protocol.h"
+#include "server/tenant.h"
 
 namespace httplib {
-class Server;
 struct Request;
 struct Response;
 }  // namespace httplib
 
 namespace kvc::server {
 
+class CacheEndpoints;
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;  // 0: any free port
   size_t max_body_bytes = size_t{4} << 20;
-  int http_threads = 96;  // connections served at once, streaming ones included
+  // Timeouts and connection caps (see http_transport.h).
+  TransportOptions transport;
   // Without keys every caller is the tenant "anonymous", with admin rights: there is no one
   // to tell apart, and whoever can reach the port can already use the whole server.
   std::optional<ApiKeys> api_keys;
 };
 
-// What the server serves once the model is loaded. The engine must outlive the server.
-struct Backend {
-  engine::Engine* engine = nullptr;
-  ChatTemplate chat_template{ChatFormat::kChatml};
-  std::string model_id;  // the name /v1/models lists and responses carry
+// What a shutdown did, for the log.
+struct DrainReport {
+  uint64_t completed = 0;  // requests that ended normally while draining
+  uint64_t cancelled = 0;  // requests cancelled (at the deadline, or by their client)
+  double seconds = 0;      // from the call to the listener closing
 };
 
 class HttpServer {
@@ -63,65 +71,60 @@ class HttpServer {
   // Stops taking new work (new requests get 503 and connections close), lets in-flight
   // requests and streams finish for up to drain_seconds (the engine then cancels the rest,
   // and their streams end with an error event and [DONE]), shuts the engine down, closes the
-  // listener and joins every connection thread. Idempotent.
-  void shutdown(double drain_seconds);
+  // listener and joins every connection thread, all within drain_seconds and one engine step.
+  // Idempotent (a second call reports nothing).
+  DrainReport shutdown(double drain_seconds);
   // The bound port (after start()).
   int port() const { return port_; }
+  // The connection layer's counts.
+  ConnectionCounts connections() const { return svr_->counts(); }
 
  private:
   enum class State { kLoading, kReady, kDraining, kStopped };
   class InFlight;
   friend class InFlight;
+  using Body = std::string;
 
   void routes();
+  // A POST route whose handler gets the body, read whatever its content type.
+  void post(const std::string& path,
+            std::function<void(const httplib::Request&, httplib::Response&, const Body&)> fn);
   // Runs a handler, turning exceptions into OpenAI-shaped error responses.
   void guarded(const httplib::Request& req, httplib::Response& res,
                const std::function<void()>& handler);
-  // The caller's tenant from its bearer key; throws 401 without a valid key, and 403 when
-  // admin is needed and the key is not an admin key.
   Tenant authenticate(const httplib::Request& req, bool need_admin) const;
   // The backend, or throws 503 while loading.
   const Backend& backend() const;
-  void check_body(const httplib::Request& req) const;
-  // The namespace of a tenant's requests (with an optional cache_salt), remembered for the
-  // per-tenant metrics.
-  kv::Hash256 namespace_of(const std::string& tenant, const std::string& cache_salt);
-  // Tokens of a prompt-or-messages body (tokenize, explain, pin); param names the field.
-  std::vector<int32_t> prompt_tokens(const nlohmann::json& body, bool add_special,
-                                     const std::string& what);
 
   void health(httplib::Response& res) const;
   void models(httplib::Response& res) const;
-  void completions(const httplib::Request& req, httplib::Response& res, bool chat);
-  void tokenize(const httplib::Request& req, httplib::Response& res);
-  void detokenize(const httplib::Request& req, httplib::Response& res);
+  void completions(const httplib::Request& req, httplib::Response& res, const Body& body,
+                   bool chat);
+  void tokenize(const httplib::Request& req, httplib::Response& res, const Body& body);
+  void detokenize(const httplib::Request& req, httplib::Response& res, const Body& body);
+  void apply_template(const httplib::Request& req, httplib::Response& res, const Body& body);
   void metrics(const httplib::Request& req, httplib::Response& res);
-  void cache_stats(const httplib::Request& req, httplib::Response& res);
-  void cache_explain(const httplib::Request& req, httplib::Response& res);
-  void cache_pin(const httplib::Request& req, httplib::Response& res);
-  void cache_flush(const httplib::Request& req, httplib::Response& res);
 
   void count_response(int status);
 
   ServerOptions options_;
-  std::unique_ptr<httplib::Server> svr_;
+  std::unique_ptr<HttpTransport> svr_;
   std::thread thread_;
   int port_ = 0;
   const int64_t started_at_;  // Unix seconds, for /v1/models' "created"
   std::atomic<State> state_{State::kLoading};
-  std::optional<Backend> backend_;  // written once, before state_ becomes kReady
+  std::optional<Backend> backend_;         // written once, before state_ becomes kReady
+  std::unique_ptr<CacheEndpoints> cache_;  // likewise
+  Tenants tenants_;
   std::mutex shutdown_mu_;
 
-  std::mutex tenants_mu_;
-  std::map<std::string, std::set<kv::Hash256>> tenant_namespaces_;
-
   std::mutex responses_mu_;
-  std::map<int, uint64_t> responses_;
+  std::map<int, uint64_t> responses_;  // guarded by responses_mu_
 
   // Generations whose responses are still being written, so that shutdown waits for them.
   std::mutex flight_mu_;
   std::condition_variable flight_cv_;
-  size_t in_flight_ = 0;
+  size_t in_flight_ = 0;  // guarded by flight_mu_
 };
 
 }  // namespace kvc::server

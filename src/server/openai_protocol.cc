@@ -6,6 +6,7 @@
 #include <random>
 
 #include "server/api_error.h"
+#include "server/tenant.h"
 
 namespace kvc::server {
 
@@ -30,8 +31,10 @@ void refuse_unsupported(const JsonFields& f, bool chat) {
   if (const auto* b = f.raw("logit_bias"); b && !(b->is_object() && b->empty())) {
     bad_field("logit_bias", "logit_bias is not supported");
   }
-  if (const auto* t = f.raw("tools"); t && !(t->is_array() && t->empty())) {
-    bad_field("tools", "tools are not supported");
+  // Tool calling in any of its forms is refused rather than ignored: a client that offers
+  // tools, even none, expects the model to be told about them.
+  for (const char* name : {"tools", "tool_choice", "functions", "function_call"}) {
+    if (f.raw(name)) bad_field(name, fmt::format("{} is not supported (no tool calling)", name));
   }
   if (const auto* r = f.raw("response_format")) {
     if (!r->is_object() || !r->contains("type") || (*r)["type"] != "text") {
@@ -264,10 +267,12 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     r.include_usage = JsonFields(*so, "stream_options.").boolean("include_usage").value_or(false);
   }
   r.n = static_cast<int>(integer_or(f.integer("n", 1, kMaxChoices), 1));
+  // Both are validated; max_completion_tokens (OpenAI's newer name) wins when both are given.
+  const auto max_tokens = f.integer("max_tokens", 1, INT32_MAX);
   if (const auto v = f.integer("max_completion_tokens", 1, INT32_MAX)) {
     r.max_tokens = static_cast<int>(*v);
-  } else if (const auto w = f.integer("max_tokens", 1, INT32_MAX)) {
-    r.max_tokens = static_cast<int>(*w);
+  } else if (max_tokens) {
+    r.max_tokens = static_cast<int>(*max_tokens);
   }
   if (const auto* s = f.raw("stop")) r.stop = parse_stop(*s);
   if (const auto* s = f.raw("stop_token_ids")) {
@@ -304,12 +309,7 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     }
     r.session_id = *s;
   }
-  if (const auto s = f.string("cache_salt")) {
-    if (s->empty() || s->size() > 1024) {
-      bad_field("cache_salt", "cache_salt must hold 1 to 1024 characters");
-    }
-    r.cache_salt = *s;
-  }
+  r.cache_salt = parse_cache_salt(f);
   f.string("user");  // type-checked only: the end-user id is not used
   refuse_unsupported(f, chat);
   return r;

@@ -207,7 +207,7 @@ TEST(Cli, ServeAnswersHealthAndDrainsOnSigterm) {
   const std::string log = slurp(err);
   EXPECT_THAT(log, HasSubstr("KV cache: f32, 16-token blocks"));
   EXPECT_THAT(log, HasSubstr("draining"));
-  EXPECT_THAT(log, HasSubstr("stopped: 1 requests finished"));
+  EXPECT_THAT(log, HasSubstr("stopped: 1 requests completed, 0 cancelled"));
 }
 
 }  // namespace

@@ -58,9 +58,11 @@ TEST(HttpServer, ModelsListsTheServedModel) {
 TEST(HttpServer, CompletionHasTheOpenAiShapeAndTheReferenceStory) {
   KVC_REQUIRE_STORIES(path);
   TestServer s(path);
-  const auto r = post(
-      s, "/v1/completions",
-      json{{"model", "x"}, {"prompt", "Once upon a time"}, {"max_tokens", 48}, {"temperature", 0}});
+  const auto r = post(s, "/v1/completions",
+                      json{{"model", "test-model"},
+                           {"prompt", "Once upon a time"},
+                           {"max_tokens", 48},
+                           {"temperature", 0}});
   ASSERT_EQ(r.status, 200) << r.text;
   EXPECT_EQ(r.header("Content-Type"), "application/json");
   const json& b = r.body;
