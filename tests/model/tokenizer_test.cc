@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -377,6 +378,24 @@ TEST(Tokenizer, ControlTokensAreNeverProducedFromText) {
     EXPECT_NE(tok.type(id), TokenType::kUnknown);
   }
   EXPECT_EQ(tok.encode("<s>", true)[1], kByte0 + '<');
+}
+
+TEST(Tokenizer, ParseSpecialMatchesControlTokensAndPrefixesOnlyTheStart) {
+  const Tokenizer tok(
+      make_vocab({{" "}, {"a"}, {" a", -1}, {"<|im_end|>", 0, TokenType::kControl}}));
+  const int32_t im_end = id_of(tok, "<|im_end|>");
+  EXPECT_EQ(tok.encode("a<|im_end|>a", EncodeOptions{.add_bos = true, .parse_special = true}),
+            (Ids{1, id_of(tok, " a"), im_end, id_of(tok, "a")}));
+  // Without parse_special the same text is characters.
+  const Ids plain = tok.encode("a<|im_end|>", false);
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), im_end), 0);
+  EXPECT_TRUE(tok.is_eog(im_end));
+  EXPECT_TRUE(tok.is_eog(tok.eos_id()));
+  EXPECT_FALSE(tok.is_eog(tok.bos_id()));
+  EXPECT_EQ(tok.eog_ids(), (Ids{2, im_end}));
+  EXPECT_EQ(tok.token_text(im_end), "<|im_end|>");
+  EXPECT_EQ(tok.model(), TokenizerModel::kSpm);
+  EXPECT_EQ(tok.pre(), "");
 }
 
 TEST(Tokenizer, UnusedTokensAreMergedThroughButNeverEmitted) {
