@@ -8,6 +8,7 @@ PRESET ?= release
 BUILD := build/$(PRESET)
 KVCACHE := $(BUILD)/src/cli/kvcache
 TEST_MODEL ?= $(firstword $(wildcard ../shared/models/stories260K.gguf))
+TESTDATA ?= $(firstword $(wildcard ../shared/testdata))
 FUZZ_SECONDS ?= 60
 ARGS ?=
 
@@ -24,12 +25,12 @@ run: build
 	$(KVCACHE) serve $(ARGS)
 
 test: build
-	KVCACHE_TEST_MODEL=$(abspath $(TEST_MODEL)) ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	KVCACHE_TEST_MODEL=$(abspath $(TEST_MODEL)) KVCACHE_TESTDATA=$(abspath $(TESTDATA)) ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 test-asan: setup
 	cmake --preset asan >/dev/null
 	cmake --build build/asan -j $(JOBS)
-	KVCACHE_TEST_MODEL=$(abspath $(TEST_MODEL)) ctest --test-dir build/asan --output-on-failure -j $(JOBS)
+	KVCACHE_TEST_MODEL=$(abspath $(TEST_MODEL)) KVCACHE_TESTDATA=$(abspath $(TESTDATA)) ctest --test-dir build/asan --output-on-failure -j $(JOBS)
 
 # The engine and server tests under ThreadSanitizer (the soak test shortened to 20 s).
 test-tsan: setup

@@ -1,8 +1,12 @@
 // `kvcache inspect`: what a GGUF file holds and what its KV cache costs.
 #include <cstdio>
 #include <map>
+#include <optional>
+
+#include <fmt/format.h>
 
 #include "base/byte_size.h"
+#include "base/error.h"
 #include "cli/commands.h"
 #include "model/gguf.h"
 #include "model/llama_config.h"
@@ -16,6 +20,51 @@ std::string shape(const std::vector<uint64_t>& dims) {
   std::string s;
   for (uint64_t d : dims) s += (s.empty() ? "" : " x ") + std::to_string(d);
   return s;
+}
+
+void print_tokenizer(const gguf::File& file) {
+  if (file.find("tokenizer.ggml.model") == nullptr) {
+    std::printf("\ntokenizer: none (no tokenizer.ggml.model)\n");
+    return;
+  }
+  const auto tokenizer = model::Tokenizer::from_gguf(file);
+  const model::Vocabulary& v = tokenizer.vocabulary();
+  std::printf("\ntokenizer: %s, %d tokens, bos %d, eos %d, add bos %s\n",
+              std::string(model::tokenizer_model_name(tokenizer.model())).c_str(), tokenizer.size(),
+              tokenizer.bos_id(), tokenizer.eos_id(), tokenizer.add_bos() ? "yes" : "no");
+  if (tokenizer.model() == model::TokenizerModel::kBpe) {
+    std::printf("  byte-level BPE, pre-tokenizer %s, %zu merges\n",
+                std::string(tokenizer.pre()).c_str(), v.merges.size());
+  } else {
+    std::printf("  SentencePiece\n");
+  }
+  auto special = [&](const char* name, int32_t id) {
+    if (id < 0) {
+      std::printf("  %-14s none\n", name);
+    } else {
+      std::printf("  %-14s %d '%s'\n", name, id, tokenizer.token_text(id).c_str());
+    }
+  };
+  special("bos", tokenizer.bos_id());
+  special("eos", tokenizer.eos_id());
+  special("eot", tokenizer.eot_id());
+  special("eom", tokenizer.eom_id());
+  special("unknown", tokenizer.unk_id());
+  special("padding", tokenizer.pad_id());
+  std::string eog;
+  for (int32_t id : tokenizer.eog_ids()) {
+    eog += fmt::format("{}{} '{}'", eog.empty() ? "" : ", ", id, tokenizer.token_text(id));
+  }
+  std::printf("  %-14s %s\n", "end of gen", eog.empty() ? "none" : eog.c_str());
+  std::printf("  add bos %s, add eos %s, add space prefix %s\n", tokenizer.add_bos() ? "yes" : "no",
+              tokenizer.add_eos() ? "yes" : "no", tokenizer.add_space_prefix() ? "yes" : "no");
+  std::map<int, int> types;
+  for (auto t : v.types) ++types[static_cast<int>(t)];
+  for (const auto& [type, count] : types) {
+    std::printf("  %-14s %d\n",
+                std::string(model::token_type_name(static_cast<model::TokenType>(type))).c_str(),
+                count);
+  }
 }
 
 void inspect(const std::string& path, bool all_tensors) {
@@ -32,21 +81,6 @@ void inspect(const std::string& path, bool all_tensors) {
   for (const auto& [key, value] : file->metadata()) {
     std::printf("  %-44s %s\n", key.c_str(), value.describe().c_str());
   }
-
-  const auto config = model::LlamaConfig::from_gguf(*file);
-  std::printf("\narchitecture: %s \"%s\"\n", config.architecture.c_str(), config.name.c_str());
-  std::printf("  layers %d, embedding %d, feed-forward %d, vocab %d, context %d\n", config.n_layers,
-              config.n_embd, config.n_ff, config.n_vocab, config.context_length);
-  std::printf(
-      "  attention: %d heads, %d KV heads (%s), head dim %d, rope dims %d, rope theta "
-      "%g, rms eps %g\n",
-      config.n_heads, config.n_kv_heads,
-      config.n_kv_heads == config.n_heads ? "MHA"
-      : config.n_kv_heads == 1            ? "MQA"
-                                          : "GQA",
-      config.head_dim, config.n_rot, config.rope_theta, config.rms_eps);
-  std::printf("  output: %s\n",
-              file->find_tensor("output.weight") ? "separate matrix" : "tied to the embedding");
 
   std::map<std::string, std::pair<int, uint64_t>> by_type;
   uint64_t total = 0;
@@ -71,31 +105,44 @@ void inspect(const std::string& path, bool all_tensors) {
     ++shown;
   }
 
-  const auto tokenizer = model::Tokenizer::from_gguf(*file);
-  std::map<int, int> types;
-  for (auto t : tokenizer.vocabulary().types) ++types[static_cast<int>(t)];
-  std::printf("\ntokenizer: %s, %d tokens, bos %d, eos %d, add bos %s\n",
-              file->get_string("tokenizer.ggml.model").c_str(), tokenizer.size(),
-              tokenizer.bos_id(), tokenizer.eos_id(), tokenizer.add_bos() ? "yes" : "no");
-  static const char* type_names[] = {"undefined",    "normal", "unknown", "control",
-                                     "user-defined", "unused", "byte"};
-  for (const auto& [type, count] : types) {
-    std::printf("  %-12s %d\n", type >= 0 && type < 7 ? type_names[type] : "other", count);
-  }
+  print_tokenizer(*file);
 
-  std::printf("\nKV cache per token (all %d layers, K and V):\n", config.n_layers);
+  // A vocabulary-only file (llama.cpp's ggml-vocab-*.gguf) has no model to describe.
+  std::optional<model::LlamaConfig> config;
+  try {
+    config = model::LlamaConfig::from_gguf(*file);
+  } catch (const Error& e) {
+    std::printf("\nmodel: none (%s)\n", e.what());
+    return;
+  }
+  std::printf("\narchitecture: %s \"%s\"\n", config->architecture.c_str(), config->name.c_str());
+  std::printf("  layers %d, embedding %d, feed-forward %d, vocab %d, context %d\n",
+              config->n_layers, config->n_embd, config->n_ff, config->n_vocab,
+              config->context_length);
+  std::printf(
+      "  attention: %d heads, %d KV heads (%s), head dim %d, rope dims %d, rope theta "
+      "%g, rms eps %g\n",
+      config->n_heads, config->n_kv_heads,
+      config->n_kv_heads == config->n_heads ? "MHA"
+      : config->n_kv_heads == 1             ? "MQA"
+                                            : "GQA",
+      config->head_dim, config->n_rot, config->rope_theta, config->rms_eps);
+  std::printf("  output: %s\n",
+              file->find_tensor("output.weight") ? "separate matrix" : "tied to the embedding");
+
+  std::printf("\nKV cache per token (all %d layers, K and V):\n", config->n_layers);
   for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0}) {
-    kv::KvGeometry g{config.n_layers, config.n_kv_heads, config.head_dim, 16, t};
-    const bool stored = config.head_dim % block_elements(t) == 0;
+    kv::KvGeometry g{config->n_layers, config->n_kv_heads, config->head_dim, 16, t};
+    const bool stored = config->head_dim % block_elements(t) == 0;
     if (!stored) {
       std::printf("  %-5s n/a (head dim %d is not a multiple of %d)\n",
-                  std::string(dtype_name(t)).c_str(), config.head_dim, block_elements(t));
+                  std::string(dtype_name(t)).c_str(), config->head_dim, block_elements(t));
       continue;
     }
     std::printf("  %-5s %8zu B/token  %s at the full context of %d tokens\n",
                 std::string(dtype_name(t)).c_str(), g.bytes_per_token(),
-                format_bytes(g.bytes_per_token() * config.context_length).c_str(),
-                config.context_length);
+                format_bytes(g.bytes_per_token() * config->context_length).c_str(),
+                config->context_length);
   }
 }
 

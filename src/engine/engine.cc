@@ -291,7 +291,7 @@ void Engine::after_row(Sequence& s, std::span<const float> logits) {
     ++stats_.generated_tokens;
   }
   event.token = token;
-  const bool eos = !s.req.ignore_eos && token == tokenizer_.eos_id();
+  const bool eos = !s.req.ignore_eos && tokenizer_.is_eog(token);
   const bool stop_token = std::find(s.req.stop_tokens.begin(), s.req.stop_tokens.end(), token) !=
                           s.req.stop_tokens.end();
   if (!eos && !stop_token) event.text = s.stop->push(tokenizer_.piece(token));

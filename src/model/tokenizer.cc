@@ -1,80 +1,20 @@
 #include "model/tokenizer.h"
 
+#include <spdlog/spdlog.h>
 #include <xxhash.h>
 
-#include <algorithm>
 #include <bit>
 #include <cmath>
-#include <cstring>
 #include <limits>
-#include <queue>
 #include <utility>
 
 #include "base/error.h"
+#include "model/bpe_tokenizer.h"
+#include "model/spm_tokenizer.h"
 
 namespace kvc::model {
 
 namespace {
-
-constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";       // U+2581, SentencePiece's space
-constexpr std::string_view kUnknownSurface = " \xE2\x81\x87 ";  // " ⁇ ", SentencePiece's default
-// Symbol indices are int32_t; the escaped text can be up to 3x the input.
-constexpr size_t kMaxTextBytes = size_t{1} << 28;
-
-bool valid_type(TokenType t) {
-  const auto v = static_cast<int32_t>(t);
-  return v >= 0 && v <= static_cast<int32_t>(TokenType::kByte);
-}
-
-bool mergeable(TokenType t) {
-  return t == TokenType::kNormal || t == TokenType::kUndefined || t == TokenType::kUserDefined ||
-         t == TokenType::kUnused;
-}
-
-std::optional<uint8_t> parse_byte_token(std::string_view t) {
-  if (t.size() != 6 || t.substr(0, 3) != "<0x" || t[5] != '>') return std::nullopt;
-  auto hex = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  const int hi = hex(t[3]);
-  const int lo = hex(t[4]);
-  if (hi < 0 || lo < 0) return std::nullopt;
-  return static_cast<uint8_t>(hi * 16 + lo);
-}
-
-// Bytes in the UTF-8 character at s[i]; 1 for a byte that does not start a complete sequence,
-// so that invalid input still splits into symbols that byte fallback can carry.
-size_t utf8_char_len(std::string_view s, size_t i) {
-  const auto c = static_cast<uint8_t>(s[i]);
-  size_t n = 1;
-  if ((c & 0xE0) == 0xC0) {
-    n = 2;
-  } else if ((c & 0xF0) == 0xE0) {
-    n = 3;
-  } else if ((c & 0xF8) == 0xF0) {
-    n = 4;
-  }
-  if (n == 1 || i + n > s.size()) return 1;
-  for (size_t k = 1; k < n; ++k) {
-    if ((static_cast<uint8_t>(s[i + k]) & 0xC0) != 0x80) return 1;
-  }
-  return n;
-}
-
-// Replaces every U+2581 with ' '.
-void append_unescaped(std::string& out, std::string_view s) {
-  size_t at = 0;
-  for (size_t hit = s.find(kSpaceSymbol); hit != std::string_view::npos;
-       hit = s.find(kSpaceSymbol, at)) {
-    out.append(s.substr(at, hit - at));
-    out.push_back(' ');
-    at = hit + kSpaceSymbol.size();
-  }
-  out.append(s.substr(at));
-}
 
 template <typename T>
 void put_le(std::string& out, T v) {
@@ -84,53 +24,22 @@ void put_le(std::string& out, T v) {
   }
 }
 
-struct Symbol {
-  int32_t prev;
-  int32_t next;
-  uint32_t start;  // into the escaped text
-  uint32_t len;    // 0 once merged into its left neighbour
-  bool frozen;     // a user-defined token: never merged
-};
-
-struct Pair {
-  float score;
-  int32_t left;
-  int32_t right;
-  uint32_t len;  // left.len + right.len when pushed; a mismatch later means the pair is stale
-};
-
-// Highest score first; on ties the leftmost pair, as SentencePiece does.
-struct PairOrder {
-  bool operator()(const Pair& a, const Pair& b) const {
-    if (a.score != b.score) return a.score < b.score;
-    return a.left > b.left;
-  }
-};
+bool is_special_type(TokenType t) {
+  return t == TokenType::kUserDefined || t == TokenType::kControl || t == TokenType::kUnknown;
+}
 
 }  // namespace
 
-std::string_view token_type_name(TokenType t) {
-  switch (t) {
-    case TokenType::kUndefined:
-      return "undefined";
-    case TokenType::kNormal:
-      return "normal";
-    case TokenType::kUnknown:
-      return "unknown";
-    case TokenType::kControl:
-      return "control";
-    case TokenType::kUserDefined:
-      return "user-defined";
-    case TokenType::kUnused:
-      return "unused";
-    case TokenType::kByte:
-      return "byte";
-  }
-  return "invalid";
-}
+Tokenizer::~Tokenizer() = default;
+Tokenizer::Tokenizer(const Tokenizer&) = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(const Tokenizer&) = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
-Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
-  auto& v = vocab_;
+Tokenizer::Tokenizer(Vocabulary vocab) {
+  auto owned = std::make_shared<Vocabulary>(std::move(vocab));
+  Vocabulary& v = *owned;
+  const bool bpe = v.model == TokenizerModel::kBpe;
   const size_t n = v.tokens.size();
   if (n == 0) fail("tokenizer vocabulary is empty");
   if (n > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
@@ -145,76 +54,82 @@ Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
   }
   const std::pair<const char*, int32_t> specials[] = {
       {"bos", v.bos_id}, {"eos", v.eos_id}, {"unknown", v.unk_id}, {"padding", v.pad_id}};
+  const std::pair<const char*, int32_t> turn_ends[] = {{"end-of-turn", v.eot_id},
+                                                       {"end-of-message", v.eom_id}};
   for (const auto& [name, id] : specials) {
+    if (id < -1 || id >= static_cast<int64_t>(n)) {
+      fail("tokenizer {} token id {} is out of range for a vocabulary of {} tokens", name, id, n);
+    }
+  }
+  for (const auto& [name, id] : turn_ends) {
     if (id < -1 || id >= static_cast<int64_t>(n)) {
       fail("tokenizer {} token id {} is out of range for a vocabulary of {} tokens", name, id, n);
     }
   }
   if (v.types.empty()) {
     v.types.resize(n, TokenType::kNormal);
-    for (size_t i = 0; i < n; ++i) {
-      if (parse_byte_token(v.tokens[i])) v.types[i] = TokenType::kByte;
+    if (!bpe) {
+      for (size_t i = 0; i < n; ++i) {
+        if (parse_byte_token(v.tokens[i])) v.types[i] = TokenType::kByte;
+      }
     }
-    for (int32_t id : {v.bos_id, v.eos_id, v.pad_id}) {
+    for (int32_t id : {v.bos_id, v.eos_id, v.pad_id, v.eot_id, v.eom_id}) {
       if (id >= 0) v.types[id] = TokenType::kControl;
     }
     if (v.unk_id >= 0) v.types[v.unk_id] = TokenType::kUnknown;
   }
 
-  byte_ids_.fill(-1);
-  size_t n_bytes = 0;
-  std::vector<std::string_view> user_defined;
+  auto ids = std::make_shared<IdMap>();
+  eog_mask_.assign(n, false);
+  for (int32_t id : {v.eos_id, v.eot_id, v.eom_id}) {
+    if (id >= 0) eog_mask_[id] = true;
+  }
   for (size_t i = 0; i < n; ++i) {
     const std::string& tok = v.tokens[i];
-    const TokenType type = v.types[i];
-    const auto id = static_cast<int32_t>(i);
-    if (!valid_type(type)) {
-      fail("tokenizer token {} ('{}') has invalid type {}", i, tok, static_cast<int32_t>(type));
+    if (!valid_token_type(v.types[i])) {
+      fail("tokenizer token {} ('{}') has invalid type {}", i, tok,
+           static_cast<int32_t>(v.types[i]));
     }
     // NaN would break the strict ordering the merge queue relies on.
     if (std::isnan(v.scores[i])) fail("tokenizer token {} ('{}') has a NaN score", i, tok);
-    all_ids_.emplace(tok, id);
-    if (type == TokenType::kByte) {
-      const auto byte = parse_byte_token(tok);
-      if (!byte) fail("tokenizer token {} has type byte but text '{}', not <0xXX>", i, tok);
-      if (byte_ids_[*byte] >= 0) {
-        fail("tokenizer byte token {} ('{}') duplicates token {}", i, tok, byte_ids_[*byte]);
-      }
-      byte_ids_[*byte] = id;
-      ++n_bytes;
-    } else if (mergeable(type) && !tok.empty()) {
-      if (merge_ids_.emplace(tok, id).second)
-        max_merge_bytes_ = std::max(max_merge_bytes_, tok.size());
-      if (type == TokenType::kUserDefined) user_defined.push_back(tok);
+    ids->emplace(tok, static_cast<int32_t>(i));
+    if (is_end_of_generation_text(tok)) {
+      eog_mask_[i] = true;
+      // As llama.cpp: a turn-ending token is a control token whatever the file says.
+      v.types[i] = TokenType::kControl;
     }
   }
-  if (n_bytes != 0 && n_bytes != 256) {
-    size_t missing = 0;
-    while (byte_ids_[missing] >= 0) ++missing;
-    fail("tokenizer vocabulary has {} byte tokens, not all 256: <0x{:02X}> is missing", n_bytes,
-         missing);
-  }
-  if (n_bytes == 0 && v.unk_id < 0) {
-    fail(
-        "tokenizer vocabulary has neither byte tokens nor an unknown token: "
-        "text outside the vocabulary could not be encoded");
+  for (size_t i = 0; i < n; ++i) {
+    if (eog_mask_[i]) eog_ids_.push_back(static_cast<int32_t>(i));
   }
 
-  if (!user_defined.empty()) {
-    user_terminal_.push_back(false);
-    for (std::string_view tok : user_defined) {
-      uint64_t node = 0;
-      for (char c : tok) {
-        const uint64_t key = node << 8 | static_cast<uint8_t>(c);
-        auto [it, inserted] = user_edges_.emplace(key, static_cast<int32_t>(user_terminal_.size()));
-        if (inserted) user_terminal_.push_back(false);
-        node = static_cast<uint64_t>(it->second);
-      }
-      user_terminal_[node] = true;
+  // The trie of tokens matched whole in text.
+  auto edges = std::make_shared<std::unordered_map<uint64_t, int32_t>>();
+  auto terminal = std::make_shared<std::vector<int32_t>>(1, -1);
+  for (size_t i = 0; i < n; ++i) {
+    if (!is_special_type(v.types[i]) || v.tokens[i].empty()) continue;
+    uint64_t node = 0;
+    for (char c : v.tokens[i]) {
+      const uint64_t key = node << 8 | static_cast<uint8_t>(c);
+      auto [it, inserted] = edges->emplace(key, static_cast<int32_t>(terminal->size()));
+      if (inserted) terminal->push_back(-1);
+      node = static_cast<uint64_t>(it->second);
     }
+    if ((*terminal)[node] < 0) (*terminal)[node] = static_cast<int32_t>(i);
   }
 
-  std::string blob = "kvcache.tokenizer.spm.v1";
+  vocab_ = owned;
+  all_ids_ = std::move(ids);
+  special_edges_ = std::move(edges);
+  special_terminal_ = std::move(terminal);
+  if (bpe) {
+    bpe_ = std::make_shared<const BpeTokenizer>(vocab_);
+  } else {
+    spm_ = std::make_shared<const SpmTokenizer>(vocab_);
+  }
+
+  // SentencePiece keeps the serialisation it has always had, so its fingerprints are stable.
+  std::string blob = bpe ? "kvcache.tokenizer.bpe.v1" : "kvcache.tokenizer.spm.v1";
   put_le(blob, static_cast<uint64_t>(n));
   for (size_t i = 0; i < n; ++i) {
     put_le(blob, static_cast<uint64_t>(v.tokens[i].size()));
@@ -225,266 +140,125 @@ Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
   for (const auto& [name, id] : specials) put_le(blob, id);
   put_le(blob, static_cast<uint8_t>(v.add_bos));
   put_le(blob, static_cast<uint8_t>(v.add_space_prefix));
+  if (bpe) {
+    for (const auto& [name, id] : turn_ends) put_le(blob, id);
+    put_le(blob, static_cast<uint8_t>(v.add_eos));
+    put_le(blob, static_cast<uint64_t>(v.pre.size()));
+    blob.append(v.pre);
+    put_le(blob, static_cast<uint64_t>(v.merges.size()));
+    for (const std::string& m : v.merges) {
+      put_le(blob, static_cast<uint64_t>(m.size()));
+      blob.append(m);
+    }
+  }
   fingerprint_ = XXH3_64bits(blob.data(), blob.size());
 }
 
 Tokenizer Tokenizer::from_gguf(const gguf::File& file) {
-  const std::string& label = file.label();
-  const std::string& model = file.get_string("tokenizer.ggml.model");
-  if (model != "llama") {
-    fail(
-        "{}: tokenizer.ggml.model is '{}', which kvcache does not support (only 'llama', "
-        "the SentencePiece tokenizer)",
-        label, model);
-  }
-
-  Vocabulary v;
-  const auto& tokens = file.get_array("tokenizer.ggml.tokens");
-  const size_t n = tokens.size();
-  v.tokens.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    const std::string* s = tokens[i].as_string();
-    if (s == nullptr) {
-      fail("{}: tokenizer.ggml.tokens[{}] has type {}, expected a string", label, i,
-           gguf::value_type_name(tokens[i].type));
-    }
-    v.tokens.push_back(*s);
-  }
-
-  auto optional_array = [&](std::string_view key) -> const gguf::Value::Array* {
-    const gguf::Value* value = file.find(key);
-    if (value == nullptr) return nullptr;
-    const auto* array = value->as_array();
-    if (array == nullptr) {
-      fail("{}: {} has type {}, expected an array", label, key, gguf::value_type_name(value->type));
-    }
-    if (array->size() != n) {
-      fail("{}: {} has {} entries but tokenizer.ggml.tokens has {}", label, key, array->size(), n);
-    }
-    return array;
-  };
-  if (const auto* scores = optional_array("tokenizer.ggml.scores")) {
-    v.scores.reserve(n);
-    for (size_t i = 0; i < n; ++i) {
-      const auto score = (*scores)[i].as_f64();
-      if (!score) fail("{}: tokenizer.ggml.scores[{}] is not a number", label, i);
-      v.scores.push_back(static_cast<float>(*score));
-    }
-  }
-  if (const auto* types = optional_array("tokenizer.ggml.token_type")) {
-    v.types.reserve(n);
-    for (size_t i = 0; i < n; ++i) {
-      const auto type = (*types)[i].as_i64();
-      if (!type || !valid_type(static_cast<TokenType>(*type)) ||
-          *type != static_cast<int32_t>(*type)) {
-        fail("{}: tokenizer.ggml.token_type[{}] is {}, not a token type (0 to 6)", label, i,
-             (*types)[i].describe());
-      }
-      v.types.push_back(static_cast<TokenType>(*type));
-    }
-  }
-
-  auto special_id = [&](std::string_view key) -> int32_t {
-    const gguf::Value* value = file.find(key);
-    if (value == nullptr) return -1;
-    const auto id = value->as_i64();
-    if (!id) fail("{}: {} is {}, expected a token id", label, key, value->describe());
-    if (*id == -1 || *id == 0xFFFFFFFF) return -1;
-    if (*id < 0 || *id >= static_cast<int64_t>(n)) {
-      fail("{}: {} = {} is out of range for a vocabulary of {} tokens", label, key, *id, n);
-    }
-    return static_cast<int32_t>(*id);
-  };
-  v.bos_id = special_id("tokenizer.ggml.bos_token_id");
-  v.eos_id = special_id("tokenizer.ggml.eos_token_id");
-  v.unk_id = special_id("tokenizer.ggml.unknown_token_id");
-  v.pad_id = special_id("tokenizer.ggml.padding_token_id");
-
-  auto flag = [&](std::string_view key, bool fallback) {
-    const gguf::Value* value = file.find(key);
-    if (value == nullptr) return fallback;
-    const bool* b = std::get_if<bool>(&value->data);
-    if (b == nullptr) {
-      fail("{}: {} has type {}, expected a bool", label, key, gguf::value_type_name(value->type));
-    }
-    return *b;
-  };
-  v.add_bos = flag("tokenizer.ggml.add_bos_token", true);
-  v.add_space_prefix = flag("tokenizer.ggml.add_space_prefix", true);
-
+  std::string warning;
+  Vocabulary v = Vocabulary::from_gguf(file, &warning);
+  if (!warning.empty()) spdlog::warn("{}", warning);
   try {
     return Tokenizer(std::move(v));
   } catch (const Error& e) {
-    fail("{}: {}", label, e.what());
+    fail("{}: {}", file.label(), e.what());
   }
 }
 
+std::string_view Tokenizer::pre() const {
+  return bpe_ ? std::string_view(bpe_->pre_tokenizer().name()) : std::string_view();
+}
+
+bool Tokenizer::has_byte_tokens() const {
+  return bpe_ || spm_->has_byte_tokens();
+}
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) const {
+  return encode(text, EncodeOptions{.add_bos = add_bos});
+}
+
+size_t Tokenizer::match_special(std::string_view text, size_t i, bool parse_special,
+                                int32_t& id) const {
+  size_t best = 0;
+  uint64_t node = 0;
+  for (size_t j = i; j < text.size(); ++j) {
+    const auto it = special_edges_->find(node << 8 | static_cast<uint8_t>(text[j]));
+    if (it == special_edges_->end()) break;
+    node = static_cast<uint64_t>(it->second);
+    const int32_t t = (*special_terminal_)[node];
+    if (t >= 0 && (parse_special || vocab_->types[t] == TokenType::kUserDefined)) {
+      best = j - i + 1;
+      id = t;
+    }
+  }
+  return best;
+}
+
+void Tokenizer::encode_plain(std::string_view text, bool first, std::vector<int32_t>& out) const {
+  const bool prefix = first && vocab_->add_space_prefix;
+  if (bpe_) {
+    bpe_->encode(text, prefix, out);
+  } else {
+    spm_->encode(text, prefix, out);
+  }
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, const EncodeOptions& options) const {
   std::vector<int32_t> out;
-  if (add_bos && vocab_.bos_id >= 0) out.push_back(vocab_.bos_id);
-  // SentencePiece adds no dummy prefix to empty text.
-  if (text.empty()) return out;
-  if (text.size() > kMaxTextBytes) {
-    fail("text of {} bytes is too long to tokenize (limit {})", text.size(), kMaxTextBytes);
-  }
-
-  std::string s;
-  s.reserve(text.size() + text.size() / 4 + kSpaceSymbol.size());
-  if (vocab_.add_space_prefix) s.append(kSpaceSymbol);
-  for (char c : text) {
-    if (c == ' ') {
-      s.append(kSpaceSymbol);
-    } else {
-      s.push_back(c);
-    }
-  }
-
-  // Longest user-defined token at s[i], 0 when none.
-  auto user_match = [&](size_t i) -> size_t {
-    if (user_terminal_.empty()) return 0;
-    size_t best = 0;
-    uint64_t node = 0;
-    for (size_t j = i; j < s.size(); ++j) {
-      const auto it = user_edges_.find(node << 8 | static_cast<uint8_t>(s[j]));
-      if (it == user_edges_.end()) break;
-      node = static_cast<uint64_t>(it->second);
-      if (user_terminal_[node]) best = j - i + 1;
-    }
-    return best;
-  };
-
-  std::vector<Symbol> symbols;
-  symbols.reserve(s.size());
-  for (size_t i = 0; i < s.size();) {
-    size_t len = user_match(i);
-    const bool frozen = len > 0;
-    if (!frozen) len = utf8_char_len(s, i);
-    const auto index = static_cast<int32_t>(symbols.size());
-    symbols.push_back(
-        {index - 1, index + 1, static_cast<uint32_t>(i), static_cast<uint32_t>(len), frozen});
-    i += len;
-  }
-  symbols.back().next = -1;
-
-  std::priority_queue<Pair, std::vector<Pair>, PairOrder> agenda;
-  // How an unused token that was merged through splits back into the two pieces it came from.
-  std::unordered_map<std::string_view, uint32_t> unused_splits;
-  auto consider = [&](int32_t left, int32_t right) {
-    if (left < 0 || right < 0) return;
-    const Symbol& l = symbols[left];
-    const Symbol& r = symbols[right];
-    if (l.frozen || r.frozen) return;
-    const uint32_t len = l.len + r.len;
-    if (len > max_merge_bytes_) return;
-    const std::string_view merged(s.data() + l.start, len);
-    const auto it = merge_ids_.find(merged);
-    if (it == merge_ids_.end()) return;
-    agenda.push({vocab_.scores[it->second], left, right, len});
-    if (vocab_.types[it->second] == TokenType::kUnused) unused_splits[merged] = l.len;
-  };
-  for (int32_t i = 0; i + 1 < static_cast<int32_t>(symbols.size()); ++i) consider(i, i + 1);
-
-  while (!agenda.empty()) {
-    const Pair p = agenda.top();
-    agenda.pop();
-    Symbol& l = symbols[p.left];
-    Symbol& r = symbols[p.right];
-    if (l.len == 0 || r.len == 0 || l.next != p.right || l.len + r.len != p.len) continue;
-    l.len += r.len;
-    r.len = 0;
-    l.next = r.next;
-    if (r.next >= 0) symbols[r.next].prev = p.left;
-    consider(l.prev, p.left);
-    consider(p.left, l.next);
-  }
-
-  // Emits one final symbol; an unused token is split back into the pieces it was merged from.
-  std::vector<std::string_view> pending;
-  auto emit = [&](std::string_view symbol) {
-    pending.push_back(symbol);
-    while (!pending.empty()) {
-      const std::string_view piece = pending.back();
-      pending.pop_back();
-      if (const auto it = merge_ids_.find(piece); it != merge_ids_.end()) {
-        if (vocab_.types[it->second] != TokenType::kUnused) {
-          out.push_back(it->second);
-          continue;
-        }
-        if (const auto split = unused_splits.find(piece); split != unused_splits.end()) {
-          pending.push_back(piece.substr(split->second));
-          pending.push_back(piece.substr(0, split->second));
-          continue;
-        }
+  if (options.add_bos && vocab_->bos_id >= 0) out.push_back(vocab_->bos_id);
+  if (spm_ && !options.parse_special) {
+    // The spm tokenizer matches user-defined tokens inside its own merge loop.
+    spm_->encode(text, vocab_->add_space_prefix, out);
+  } else {
+    size_t start = 0;  // of the text not yet encoded
+    bool first = true;
+    for (size_t i = 0; i < text.size();) {
+      int32_t id = -1;
+      const size_t len = match_special(text, i, options.parse_special, id);
+      if (len == 0) {
+        ++i;
+        continue;
       }
-      if (has_byte_tokens()) {
-        for (char c : piece) out.push_back(byte_ids_[static_cast<uint8_t>(c)]);
-      } else {
-        out.push_back(vocab_.unk_id);
-      }
+      if (i > start) encode_plain(text.substr(start, i - start), first, out);
+      out.push_back(id);
+      first = false;
+      i += len;
+      start = i;
     }
-  };
-  for (int32_t i = 0; i >= 0; i = symbols[i].next) {
-    emit(std::string_view(s.data() + symbols[i].start, symbols[i].len));
+    if (start < text.size()) encode_plain(text.substr(start), first, out);
   }
+  if (options.add_eos && vocab_->eos_id >= 0) out.push_back(vocab_->eos_id);
   return out;
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids) const {
-  // Pieces are joined with spaces still escaped, so that byte tokens spelling U+2581 (a
-  // vocabulary without "▁") also decode to spaces, as SentencePiece does.
-  std::string raw;
-  for (int32_t id : ids) {
-    check_id(id);
-    switch (vocab_.types[id]) {
-      case TokenType::kControl:
-        break;
-      case TokenType::kByte:
-        raw.push_back(static_cast<char>(*parse_byte_token(vocab_.tokens[id])));
-        break;
-      case TokenType::kUnknown:
-        raw.append(kUnknownSurface);
-        break;
-      default:
-        raw.append(vocab_.tokens[id]);
-        break;
-    }
-  }
-  std::string_view body = raw;
-  if (vocab_.add_space_prefix && body.starts_with(kSpaceSymbol)) {
-    body.remove_prefix(kSpaceSymbol.size());
-  }
-  std::string text;
-  text.reserve(body.size());
-  append_unescaped(text, body);
-  return text;
+  for (int32_t id : ids) check_id(id);
+  return bpe_ ? bpe_->decode(ids) : spm_->decode(ids);
 }
 
 std::string Tokenizer::piece(int32_t id) const {
   check_id(id);
-  switch (vocab_.types[id]) {
-    case TokenType::kControl:
-      return {};
-    case TokenType::kByte:
-      return std::string(1, static_cast<char>(*parse_byte_token(vocab_.tokens[id])));
-    case TokenType::kUnknown:
-      return std::string(kUnknownSurface);
-    default: {
-      std::string text;
-      append_unescaped(text, vocab_.tokens[id]);
-      return text;
-    }
-  }
+  return bpe_ ? bpe_->piece(id) : spm_->piece(id);
 }
 
 std::optional<int32_t> Tokenizer::find(std::string_view token) const {
-  const auto it = all_ids_.find(token);
-  if (it == all_ids_.end()) return std::nullopt;
+  const auto it = all_ids_->find(token);
+  if (it == all_ids_->end()) return std::nullopt;
   return it->second;
+}
+
+const std::string& Tokenizer::token_text(int32_t id) const {
+  check_id(id);
+  return vocab_->tokens[id];
 }
 
 TokenType Tokenizer::type(int32_t id) const {
   check_id(id);
-  return vocab_.types[id];
+  return vocab_->types[id];
+}
+
+bool Tokenizer::is_eog(int32_t id) const {
+  return id >= 0 && id < size() && eog_mask_[static_cast<size_t>(id)];
 }
 
 void Tokenizer::check_id(int32_t id) const {

@@ -1,21 +1,24 @@
-// SentencePiece-style ("llama"/spm) tokenizer over a GGUF vocabulary: score-driven BPE over
-// UTF-8 characters with byte fallback, as SentencePiece's BPE model and llama.cpp's spm
-// tokenizer do.
+// The tokenizer of a model: one facade over the SentencePiece tokenizer (spm_tokenizer.h,
+// tokenizer.ggml.model "llama") and the byte-level BPE tokenizer (bpe_tokenizer.h, "gpt2"),
+// plus what both share: vocabulary validation, special and added tokens matched in text before
+// either model runs, BOS/EOS, the end-of-generation set, and the fingerprint.
 //
-// Text maps to ids like this: spaces become U+2581 "▁", a dummy "▁" is prepended when
-// add_space_prefix is set, the text is split into UTF-8 characters (user-defined tokens are
-// matched first and never split or merged; a byte that is not part of a valid UTF-8 sequence is
-// a symbol of its own), and the adjacent pair whose concatenation is the highest-scoring token
-// is merged (ties: leftmost) until no pair merges. Symbols that are not tokens become byte
-// tokens <0xXX>, or the unknown token when the vocabulary has none.
+// Special tokens in text: user-defined (added) tokens are always matched whole, leftmost and
+// longest first, before the model splits the rest; control tokens (<|im_end|>, <s>, ...) only
+// when encoding with parse_special (chat templates), otherwise their text is ordinary text.
+// For SentencePiece without parse_special the spm tokenizer matches user-defined tokens itself,
+// exactly as before this facade existed.
 //
-// decode(encode(s)) == s for every byte string s that does not contain U+2581 itself (that
-// character is how spaces are stored, so it decodes to a space, as in SentencePiece).
+// End of generation: eos, eot (tokenizer.ggml.eot_token_id), eom, and every token whose text
+// is one llama.cpp treats as ending a turn (<|eot_id|>, <|im_end|>, <|end|>, <end_of_turn>,
+// <|endoftext|>, <|eom_id|>, <EOT>, DeepSeek's end of sentence, the FIM pad/repo/file-separator
+// tokens). Such tokens are typed control, as llama.cpp does, so text never produces them.
+//
+// Copies share the immutable tables: thread-safe for concurrent const use.
 #pragma once
 
-#include <array>
 #include <cstdint>
-#include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -24,100 +27,111 @@
 #include <vector>
 
 #include "model/gguf.h"
+#include "model/vocabulary.h"
 
 namespace kvc::model {
 
-// The SentencePiece piece types, with the values GGUF's tokenizer.ggml.token_type uses.
-enum class TokenType : int32_t {
-  kUndefined = 0,  // treated like kNormal
-  kNormal = 1,
-  kUnknown = 2,
-  kControl = 3,      // <s>, </s>: never produced from text, decode to nothing
-  kUserDefined = 4,  // matched whole in text before merging, never split
-  kUnused = 5,       // may be a merge step, never emitted
-  kByte = 6,         // <0xXX>: byte fallback
-};
+class SpmTokenizer;
+class BpeTokenizer;
 
-std::string_view token_type_name(TokenType t);
-
-// What a GGUF holds under tokenizer.ggml.*. An id of -1 means "none".
-struct Vocabulary {
-  std::vector<std::string> tokens;
-  std::vector<float> scores;     // empty: all 0
-  std::vector<TokenType> types;  // empty: inferred (see Tokenizer::Tokenizer)
-  int32_t bos_id = 1;
-  int32_t eos_id = 2;
-  int32_t unk_id = 0;
-  int32_t pad_id = -1;
-  bool add_bos = true;
-  bool add_space_prefix = true;
+struct EncodeOptions {
+  bool add_bos = false;        // prepend BOS when the vocabulary has one
+  bool add_eos = false;        // append EOS when the vocabulary has one
+  bool parse_special = false;  // match control tokens in the text too
 };
 
 class Tokenizer {
  public:
   // Validates vocab and builds the lookup tables; throws Error naming the problem: array sizes
-  // that disagree, a special id out of range, a NaN score, a malformed or duplicate byte token,
-  // an incomplete set of byte tokens (all 256 or none), or neither byte tokens nor an unknown
-  // token. Empty types are inferred: unk_id -> kUnknown, bos/eos/pad -> kControl, "<0xXX>" ->
-  // kByte, anything else kNormal.
+  // that disagree, a special id out of range, a NaN score, (SentencePiece) a malformed or
+  // duplicate byte token, an incomplete set of byte tokens (all 256 or none), or neither byte
+  // tokens nor an unknown token; (BPE) a malformed merge or an unknown pre-tokenizer. Empty
+  // types are inferred: unk_id -> kUnknown, bos/eos/pad -> kControl, "<0xXX>" -> kByte
+  // (SentencePiece), anything else kNormal.
   explicit Tokenizer(Vocabulary vocab);
+  ~Tokenizer();
+  Tokenizer(const Tokenizer&);
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(const Tokenizer&);
+  Tokenizer& operator=(Tokenizer&&) noexcept;
 
-  // Reads tokenizer.ggml.* from file; the model must be "llama". Scores default to 0, types are
-  // inferred when absent, a special id that is absent or 0xFFFFFFFF means none, add_bos_token
-  // and add_space_prefix default to true. Throws Error naming the key at fault.
+  // Reads tokenizer.ggml.* from file (Vocabulary::from_gguf). Throws Error naming the file and
+  // the key at fault. A gpt2 file without tokenizer.ggml.pre uses "default" and logs a warning.
   static Tokenizer from_gguf(const gguf::File& file);
 
   // Token ids for text, preceded by BOS when add_bos is set and the vocabulary has one.
   std::vector<int32_t> encode(std::string_view text, bool add_bos) const;
+  std::vector<int32_t> encode(std::string_view text, const EncodeOptions& options) const;
 
   // The text of a whole sequence: the concatenated pieces, minus the one dummy-prefix space at
   // the start (after leading control tokens) when add_space_prefix is set. Throws Error on an
   // id out of range.
   std::string decode(std::span<const int32_t> ids) const;
 
-  // The bytes one token contributes when streaming: "▁" -> ' ', <0xXX> -> that byte, control
-  // tokens -> "", the unknown token -> " ⁇ ". No dummy-prefix stripping. Throws on a bad id.
+  // The bytes one token contributes when streaming (possibly part of a UTF-8 character: a
+  // streamer holds those back until complete): control tokens -> "", SentencePiece "▁" -> ' '
+  // and <0xXX> -> that byte, its unknown token -> " ⁇ ", byte-level BPE text mapped back to its
+  // bytes. No dummy-prefix stripping. Throws on a bad id.
   std::string piece(int32_t id) const;
 
   // The id of a token with exactly this text (any type; the first one on duplicates).
   std::optional<int32_t> find(std::string_view token) const;
+  // The token's stored text; throws Error on an id out of range.
+  const std::string& token_text(int32_t id) const;
 
   // The token's type; throws Error on an id out of range.
   TokenType type(int32_t id) const;
 
-  int32_t size() const { return static_cast<int32_t>(vocab_.tokens.size()); }
-  int32_t bos_id() const { return vocab_.bos_id; }
-  int32_t eos_id() const { return vocab_.eos_id; }
-  int32_t unk_id() const { return vocab_.unk_id; }
-  int32_t pad_id() const { return vocab_.pad_id; }
-  bool add_bos() const { return vocab_.add_bos; }
-  bool add_space_prefix() const { return vocab_.add_space_prefix; }
+  int32_t size() const { return static_cast<int32_t>(vocab_->tokens.size()); }
+  TokenizerModel model() const { return vocab_->model; }
+  // The pre-tokenizer's name (BPE), "" for SentencePiece.
+  std::string_view pre() const;
+  int32_t bos_id() const { return vocab_->bos_id; }
+  int32_t eos_id() const { return vocab_->eos_id; }
+  int32_t eot_id() const { return vocab_->eot_id; }
+  int32_t eom_id() const { return vocab_->eom_id; }
+  int32_t unk_id() const { return vocab_->unk_id; }
+  int32_t pad_id() const { return vocab_->pad_id; }
+  bool add_bos() const { return vocab_->add_bos; }
+  bool add_eos() const { return vocab_->add_eos; }
+  bool add_space_prefix() const { return vocab_->add_space_prefix; }
   // Whether unknown characters fall back to byte tokens (otherwise to the unknown token).
-  bool has_byte_tokens() const { return byte_ids_[0] >= 0; }
-  const Vocabulary& vocabulary() const { return vocab_; }
+  // Always true for byte-level BPE.
+  bool has_byte_tokens() const;
+  const Vocabulary& vocabulary() const { return *vocab_; }
+
+  // Whether generating id ends the sequence (see above); false for ids out of range.
+  bool is_eog(int32_t id) const;
+  // Every end-of-generation id, ascending.
+  const std::vector<int32_t>& eog_ids() const { return eog_ids_; }
 
   // XXH3-64 of a little-endian serialisation of the tokens, scores (as IEEE bits), types,
-  // special ids and the add_bos/add_space_prefix flags: equal fingerprints mean the same
-  // text -> ids mapping. Part of the model fingerprint that keys the prefix cache.
+  // special ids and flags (and for BPE the pre-tokenizer and merges): equal fingerprints mean
+  // the same text -> ids mapping. Part of the model fingerprint that keys the prefix cache.
   uint64_t fingerprint() const { return fingerprint_; }
 
  private:
+  void check_id(int32_t id) const;
+  // Appends the ids of a text fragment that holds no special token.
+  void encode_plain(std::string_view text, bool first, std::vector<int32_t>& out) const;
+  // Length of the longest special token at text[i] (0: none) and its id.
+  size_t match_special(std::string_view text, size_t i, bool parse_special, int32_t& id) const;
+
   struct StringHash {
     using is_transparent = void;
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
   using IdMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
 
-  void check_id(int32_t id) const;
-
-  Vocabulary vocab_;
-  IdMap all_ids_;    // every token, for find()
-  IdMap merge_ids_;  // tokens that text may merge into: normal, undefined, user-defined, unused
-  std::array<int32_t, 256> byte_ids_{};  // -1 when the vocabulary has no byte tokens
-  size_t max_merge_bytes_ = 0;           // longest token in merge_ids_: longer pairs cannot merge
-  // Byte trie of the user-defined tokens (node 0 is the root); empty when there are none.
-  std::unordered_map<uint64_t, int32_t> user_edges_;  // (node << 8 | byte) -> child node
-  std::vector<bool> user_terminal_;                   // node ends a user-defined token
+  std::shared_ptr<const Vocabulary> vocab_;
+  std::shared_ptr<const SpmTokenizer> spm_;
+  std::shared_ptr<const BpeTokenizer> bpe_;
+  std::shared_ptr<const IdMap> all_ids_;  // every token, for find()
+  // Byte trie of the special tokens: user-defined, control and unknown (node 0 is the root).
+  std::shared_ptr<const std::unordered_map<uint64_t, int32_t>> special_edges_;
+  std::shared_ptr<const std::vector<int32_t>> special_terminal_;  // node -> token id or -1
+  std::vector<int32_t> eog_ids_;
+  std::vector<bool> eog_mask_;
   uint64_t fingerprint_ = 0;
 };
 

@@ -117,6 +117,21 @@ TEST(Cli, InspectShowsShapesTokenizerAndKvBytes) {
   EXPECT_THAT(r.out, HasSubstr("q8_0  n/a (head dim 8 is not a multiple of 32)"));
 }
 
+TEST(Cli, InspectReadsAVocabularyOnlyFile) {
+  const char* root = std::getenv("KVCACHE_TESTDATA");
+  if (root == nullptr || *root == '\0') {
+    GTEST_SKIP() << "KVCACHE_TESTDATA not set: point it at shared/testdata to inspect "
+                    "llama.cpp's vocabulary-only GGUFs";
+  }
+  const std::string path = std::string(root) + "/vocab/gpt-2.gguf";
+  const Result r = kvcache("inspect " + path);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("tokenizer: gpt2, "));
+  EXPECT_THAT(r.out, HasSubstr("byte-level BPE, pre-tokenizer gpt-2"));
+  EXPECT_THAT(r.out, HasSubstr("end of gen     50256 '<|endoftext|>'"));
+  EXPECT_THAT(r.out, HasSubstr("model: none"));
+}
+
 TEST(Cli, MakeModelWritesALoadableFileWithProgress) {
   const std::string out = (testing::scratch_dir() / "made.gguf").string();
   Result r = kvcache("make-model --preset tiny --dtype q4_0 --layers 3 --seed 4 -o " + out);

@@ -48,6 +48,15 @@ TEST(StopMatcher, NeverSplitsAUtf8Character) {
   EXPECT_EQ(m.push("\xa9!"), "\xc3\xa9!");
 }
 
+TEST(StopMatcher, HoldsAFourByteCharacterSplitAcrossByteLevelTokens) {
+  // Byte-level BPE spells an emoji it has no merge for as four one-byte tokens.
+  StopMatcher m({});
+  EXPECT_EQ(m.push("\xf0"), "");
+  EXPECT_EQ(m.push("\x9f"), "");
+  EXPECT_EQ(m.push("\x98"), "");
+  EXPECT_EQ(m.push("\x80 ok"), "\xf0\x9f\x98\x80 ok");
+}
+
 TEST(StopMatcher, NoStopsPassesEverything) {
   StopMatcher m({"", ""});
   EXPECT_EQ(m.push("a"), "a");

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -379,6 +380,24 @@ TEST(Tokenizer, ControlTokensAreNeverProducedFromText) {
   EXPECT_EQ(tok.encode("<s>", true)[1], kByte0 + '<');
 }
 
+TEST(Tokenizer, ParseSpecialMatchesControlTokensAndPrefixesOnlyTheStart) {
+  const Tokenizer tok(
+      make_vocab({{" "}, {"a"}, {" a", -1}, {"<|im_end|>", 0, TokenType::kControl}}));
+  const int32_t im_end = id_of(tok, "<|im_end|>");
+  EXPECT_EQ(tok.encode("a<|im_end|>a", EncodeOptions{.add_bos = true, .parse_special = true}),
+            (Ids{1, id_of(tok, " a"), im_end, id_of(tok, "a")}));
+  // Without parse_special the same text is characters.
+  const Ids plain = tok.encode("a<|im_end|>", false);
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), im_end), 0);
+  EXPECT_TRUE(tok.is_eog(im_end));
+  EXPECT_TRUE(tok.is_eog(tok.eos_id()));
+  EXPECT_FALSE(tok.is_eog(tok.bos_id()));
+  EXPECT_EQ(tok.eog_ids(), (Ids{2, im_end}));
+  EXPECT_EQ(tok.token_text(im_end), "<|im_end|>");
+  EXPECT_EQ(tok.model(), TokenizerModel::kSpm);
+  EXPECT_EQ(tok.pre(), "");
+}
+
 TEST(Tokenizer, UnusedTokensAreMergedThroughButNeverEmitted) {
   const Tokenizer tok(
       no_prefix(make_vocab({{"a"}, {"b"}, {"c"}, {"ab", 0, TokenType::kUnused}, {"abc", -1}})));
@@ -631,11 +650,11 @@ TEST(TokenizerGguf, OptionalKeysHaveDefaults) {
 }
 
 TEST(TokenizerGguf, RejectsOtherTokenizerModels) {
-  GgufWriter w = small_gguf("gpt2");
+  GgufWriter w = small_gguf("bert");
   const auto file = w.file();
   const std::string msg = error_of([&] { Tokenizer::from_gguf(*file); });
   EXPECT_NE(msg.find("tokenizer.ggml.model"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("'gpt2'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'bert'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("synthetic.gguf"), std::string::npos) << msg;
 }
 
