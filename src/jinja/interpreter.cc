@@ -447,8 +447,10 @@ Value Interpreter::eval_binary(const Expr& e) {
   const Value a = eval(*e.args[0]);
   const Value b = eval(*e.args[1]);
   if (op == "~") {
-    std::string s = a.to_str() + b.to_str();
-    charge(s.size());
+    std::string s = a.to_str();
+    std::string t = b.to_str();
+    charge(s.size() + t.size());
+    s += t;
     return Value(std::move(s));
   }
   need_defined(a);

@@ -22,7 +22,7 @@ namespace kvc::jinja {
 
 struct Limits {
   size_t max_steps = 5'000'000;
-  size_t max_bytes = 256u << 20;        // strings and list items made while rendering
+  size_t max_bytes = 64u << 20;         // strings and list items made while rendering
   size_t max_output_bytes = 16u << 20;  // the rendered text
   size_t max_stack_bytes = 1u << 20;    // machine stack of the recursive walk
   int max_call_depth = 64;              // macro calls inside macro calls

@@ -104,7 +104,11 @@ class Parser {
       switch (t.type) {
         case TokenType::kEof:
           if (ends.size() != 0) {
-            fail(fmt::format("missing {{% {} %}}", *ends.begin()));
+            const char* end = *ends.begin();
+            for (const char* e : ends) {
+              if (std::string_view(e).starts_with("end")) end = e;
+            }
+            fail(fmt::format("missing {{% {} %}}", end));
           }
           return body;
         case TokenType::kText: {
