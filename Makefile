@@ -8,7 +8,9 @@ PRESET ?= release
 BUILD := build/$(PRESET)
 KVCACHE := $(BUILD)/src/cli/kvcache
 TEST_MODEL ?= $(firstword $(wildcard ../shared/models/stories260K.gguf))
+TESTDATA ?= $(firstword $(wildcard ../shared/testdata))
 FUZZ_SECONDS ?= 60
+JINJA_FUZZ_SECONDS ?= 30
 ARGS ?=
 
 all: build
@@ -24,12 +26,12 @@ run: build
 	$(KVCACHE) serve $(ARGS)
 
 test: build
-	KVCACHE_TEST_MODEL=$(abspath $(TEST_MODEL)) ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	KVCACHE_TEST_MODEL=$(abspath $(TEST_MODEL)) KVCACHE_TESTDATA=$(abspath $(TESTDATA)) ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 test-asan: setup
 	cmake --preset asan >/dev/null
 	cmake --build build/asan -j $(JOBS)
-	KVCACHE_TEST_MODEL=$(abspath $(TEST_MODEL)) ctest --test-dir build/asan --output-on-failure -j $(JOBS)
+	KVCACHE_TEST_MODEL=$(abspath $(TEST_MODEL)) KVCACHE_TESTDATA=$(abspath $(TESTDATA)) ctest --test-dir build/asan --output-on-failure -j $(JOBS)
 
 fuzz: setup
 	cmake --preset fuzz >/dev/null
@@ -37,6 +39,8 @@ fuzz: setup
 	mkdir -p build/fuzz/corpus
 	build/fuzz/fuzz/gguf_fuzz_seeds build/fuzz/corpus
 	build/fuzz/fuzz/gguf_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build/fuzz/corpus
+	mkdir -p build/fuzz/jinja_corpus
+	build/fuzz/fuzz/jinja_fuzz -max_total_time=$(JINJA_FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 build/fuzz/jinja_corpus fuzz/jinja_seeds
 
 bench: build
 	$(KVCACHE) bench $(ARGS)
