@@ -25,13 +25,14 @@ class Params {
                                     names_.size(), a.positional.size()));
     }
     for (size_t i = 0; i < a.positional.size(); ++i) values_[i] = a.positional[i];
-    for (const auto& [k, v] : a.keyword) {
+    for (const auto& kv : a.keyword) {
+      const std::string& k = kv.first;
       const auto it =
-          std::find_if(names_.begin(), names_.end(), [&](const char* n) { return k == n; });
+          std::find_if(names_.begin(), names_.end(), [&k](const char* n) { return k == n; });
       if (it == names_.end()) {
         throw RenderError(fmt::format("{} got an unexpected keyword argument '{}'", what_, k));
       }
-      values_[static_cast<size_t>(it - names_.begin())] = v;
+      values_[static_cast<size_t>(it - names_.begin())] = kv.second;
     }
   }
   // The argument, or nullptr when it was not given.
