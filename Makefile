@@ -10,6 +10,7 @@ KVCACHE := $(BUILD)/src/cli/kvcache
 TEST_MODEL ?= $(firstword $(wildcard ../shared/models/stories260K.gguf))
 TESTDATA ?= $(firstword $(wildcard ../shared/testdata))
 FUZZ_SECONDS ?= 60
+JINJA_FUZZ_SECONDS ?= 30
 ARGS ?=
 
 all: build
@@ -55,6 +56,8 @@ fuzz: setup
 	mkdir -p build/fuzz/corpus
 	build/fuzz/fuzz/gguf_fuzz_seeds build/fuzz/corpus
 	build/fuzz/fuzz/gguf_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build/fuzz/corpus
+	mkdir -p build/fuzz/jinja_corpus
+	build/fuzz/fuzz/jinja_fuzz -max_total_time=$(JINJA_FUZZ_SECONDS) -max_len=4096 -print_final_stats=1 build/fuzz/jinja_corpus fuzz/jinja_seeds
 
 bench: build
 	$(KVCACHE) bench $(ARGS)

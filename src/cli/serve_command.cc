@@ -35,6 +35,7 @@ struct ServeArgs {
   std::string api_keys;
   bool no_prefix_cache = false;
   std::string chat_template;
+  std::string chat_template_file;
   int threads = 0;
   int max_batch_tokens = 512;
   int max_running = 16;
@@ -62,6 +63,9 @@ void serve(const ServeArgs& a) {
   if (a.drain_seconds < 0) fail("--drain-seconds must be >= 0, got {}", a.drain_seconds);
   // A bad template name is reported before anything is loaded.
   if (!a.chat_template.empty()) server::ChatTemplate::named(a.chat_template);
+  if (!a.chat_template.empty() && !a.chat_template_file.empty()) {
+    fail("give --chat-template or --chat-template-file, not both");
+  }
   // The queue counts a request from its submission, so 0 would refuse every request.
   if (a.max_waiting < 1) fail("--max-waiting must be >= 1, got {}", a.max_waiting);
   server::ServerOptions options;
@@ -96,8 +100,9 @@ void serve(const ServeArgs& a) {
   const auto tokenizer = model::Tokenizer::from_gguf(model->file());
   const auto& config = model->config();
   std::string template_note;
-  const server::ChatTemplate chat_template =
-      server::ChatTemplate::for_model(model->file(), a.chat_template, template_note);
+  bool template_warning = false;
+  const server::ChatTemplate chat_template = server::ChatTemplate::for_model(
+      model->file(), {a.chat_template, a.chat_template_file}, template_note, template_warning);
 
   engine::EngineOptions eo;
   eo.block_tokens = a.block_tokens;
@@ -126,7 +131,11 @@ void serve(const ServeArgs& a) {
   spdlog::info("{} threads, {} kernels; prefix cache {}; up to {} running, {} waiting", threads,
                kernels::isa_name(kernels::active_isa()), eo.prefix_cache ? "on" : "off",
                eo.max_running, eo.max_waiting);
-  spdlog::info("{}", template_note);
+  if (template_warning) {
+    spdlog::warn("{}", template_note);
+  } else {
+    spdlog::info("{}", template_note);
+  }
   spdlog::info("sessions keep up to {} blocks each; a tenant's sessions and pins up to {} blocks",
                eo.session_max_blocks, engine.tenant_pinned_max_blocks());
   spdlog::info(
@@ -194,8 +203,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_flag("--no-prefix-cache", args->no_prefix_cache,
                 "Never share cached prefixes (for comparisons)");
   cmd->add_option("--chat-template", args->chat_template,
-                  "Chat template: llama-2, chatml, llama-3 or zephyr (default: the model's, "
-                  "else chatml)");
+                  "Chat template: llama-2, chatml, llama-3 or zephyr (default: the model's "
+                  "tokenizer.chat_template, else chatml)");
+  cmd->add_option("--chat-template-file", args->chat_template_file,
+                  "Jinja chat template file to use instead of the model's");
   cmd->add_option("-t,--threads", args->threads, "Compute threads (default: all cores)");
   cmd->add_option("--max-batch-tokens", args->max_batch_tokens,
                   "Tokens per forward pass (decodes and prefill chunks)")

@@ -179,16 +179,23 @@ std::vector<ChatMessage> parse_messages(const nlohmann::json& messages) {
     // OpenAI's newer "developer" role is the system role of older models.
     if (*role == "system" || *role == "developer") {
       msg.role = "system";
-    } else if (*role == "user" || *role == "assistant") {
+    } else if (*role == "user" || *role == "assistant" || *role == "tool") {
       msg.role = *role;
     } else {
-      bad_field(
-          at + ".role",
-          fmt::format("{}.role must be system, developer, user or assistant, got '{}'", at, *role));
+      bad_field(at + ".role",
+                fmt::format("{}.role must be system, developer, user, assistant or tool, got '{}'",
+                            at, *role));
     }
+    // Jinja chat templates may read the rest of the message (tool_calls, name, ...).
+    msg.json = m;
     const auto* content = f.raw("content");
-    if (!content) bad_field(at + ".content", fmt::format("{}.content is required", at));
-    if (content->is_string()) {
+    const bool has_tool_calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
+    if (!content && !has_tool_calls) {
+      bad_field(at + ".content", fmt::format("{}.content is required", at));
+    }
+    if (!content || (content->is_null() && has_tool_calls)) {
+      msg.json["content"] = nullptr;
+    } else if (content->is_string()) {
       msg.content = content->get<std::string>();
     } else if (content->is_array()) {
       // Content parts: only text parts, concatenated.
