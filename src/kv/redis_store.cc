@@ -135,7 +135,8 @@ class RedisStore::Connection {
       fail_locked();
       return false;
     }
-    auto check = [&](std::vector<std::string_view> args) {
+    redisContext* ctx = ctx_;
+    auto check = [ctx](std::vector<std::string_view> args) {
       std::vector<const char*> argv;
       std::vector<size_t> lens;
       for (std::string_view a : args) {
@@ -143,7 +144,7 @@ class RedisStore::Connection {
         lens.push_back(a.size());
       }
       Reply r(static_cast<redisReply*>(
-          redisCommandArgv(ctx_, static_cast<int>(argv.size()), argv.data(), lens.data())));
+          redisCommandArgv(ctx, static_cast<int>(argv.size()), argv.data(), lens.data())));
       return r != nullptr && r->type != REDIS_REPLY_ERROR;
     };
     const std::string db = std::to_string(o_.address.db);
