@@ -1,10 +1,14 @@
 #include "cli/cli_options.h"
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
+#include "base/byte_size.h"
 #include "base/error.h"
 #include "base/strings.h"
+#include "kv/redis_store.h"
 
 namespace kvc::cli {
 
@@ -27,6 +31,37 @@ DType parse_pool_kv_dtype(std::string_view name) {
 int thread_count(int requested) {
   return requested > 0 ? requested
                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+void add_tier_options(CLI::App& cmd, TierArgs& args) {
+  cmd.add_option("--kv-disk", args.disk,
+                 "Directory of the disk KV tier: blocks are stored there as they are computed "
+                 "and found again after a restart");
+  cmd.add_option("--kv-disk-size", args.disk_size, "Bytes the disk tier may use")
+      ->capture_default_str();
+  cmd.add_option("--kv-redis", args.redis,
+                 "Redis KV tier shared by instances: redis://[:PASSWORD@]HOST[:PORT][/DB]");
+  cmd.add_option("--kv-redis-password-file", args.redis_password_file,
+                 "File holding the Redis password (first line), instead of the URL's");
+}
+
+void apply_tier_options(const TierArgs& args, engine::EngineOptions& eo) {
+  eo.kv_disk_dir = args.disk;
+  eo.kv_disk_max_bytes = parse_byte_size(args.disk_size, "--kv-disk-size");
+  if (!args.redis.empty()) {
+    kv::parse_redis_url(args.redis);  // a malformed URL is an error at start-up
+    eo.kv_redis_url = args.redis;
+  }
+  if (!args.redis_password_file.empty()) {
+    std::ifstream in(args.redis_password_file);
+    if (!in) fail("--kv-redis-password-file {}: cannot be read", args.redis_password_file);
+    std::string line;
+    std::getline(in, line);
+    eo.kv_redis_password = std::string(trim(line));
+    if (eo.kv_redis_password.empty()) {
+      fail("--kv-redis-password-file {}: the first line is empty", args.redis_password_file);
+    }
+  }
 }
 
 }  // namespace kvc::cli

@@ -1,10 +1,12 @@
 // Option values shared by the commands that run a model (`run`, `serve`).
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <string>
 #include <string_view>
 
 #include "base/dtype.h"
+#include "engine/engine.h"
 
 namespace kvc::cli {
 
@@ -15,5 +17,16 @@ DType parse_kv_dtype(std::string_view name);
 DType parse_pool_kv_dtype(std::string_view name);
 // The --threads value: requested if positive, else every core.
 int thread_count(int requested);
+
+// The lower KV tiers' flags, shared by run and serve.
+struct TierArgs {
+  std::string disk;                 // --kv-disk DIR
+  std::string disk_size = "10GiB";  // --kv-disk-size BYTES
+  std::string redis;                // --kv-redis URL
+  std::string redis_password_file;  // --kv-redis-password-file FILE
+};
+void add_tier_options(CLI::App& cmd, TierArgs& args);
+// Copies the tier flags into eo; throws Error naming the flag for a bad size, URL or file.
+void apply_tier_options(const TierArgs& args, engine::EngineOptions& eo);
 
 }  // namespace kvc::cli

@@ -27,6 +27,7 @@ namespace kvc::cli {
 namespace {
 
 struct RunArgs {
+  TierArgs tiers;
   std::string model;
   std::string prompt = "Once upon a time";
   std::string prompt_file;
@@ -134,6 +135,7 @@ void run(const RunArgs& a) {
   // One sequence at a time, through the same engine `serve` uses.
   engine::EngineOptions eo;
   eo.kv_memory_bytes = kv_bytes;
+  apply_tier_options(a.tiers, eo);
   eo.block_tokens = a.block_tokens;
   eo.kv_dtype = kv_dtype;
   eo.threads = threads;
@@ -222,6 +224,7 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("-s,--seed", args->seed, "Sampling seed (default: random, printed)");
   cmd->add_option("-t,--threads", args->threads, "Threads (default: all cores)");
+  add_tier_options(*cmd, args->tiers);
   cmd->add_option("--kv-memory", args->kv_memory,
                   "KV pool size, e.g. 256MiB (default: one full context)");
   cmd->add_option("--block-tokens", args->block_tokens, "Tokens per KV block")

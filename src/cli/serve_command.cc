@@ -26,6 +26,7 @@ namespace kvc::cli {
 namespace {
 
 struct ServeArgs {
+  TierArgs tiers;
   std::string model;
   std::string host = "127.0.0.1";
   int port = 8080;
@@ -115,6 +116,7 @@ void serve(const ServeArgs& a) {
   eo.session_max_blocks = a.max_session_blocks;
   eo.tenant_pinned_max_blocks = a.max_tenant_pinned_blocks;
   if (!a.kv_memory.empty()) eo.kv_memory_bytes = parse_byte_size(a.kv_memory, "--kv-memory");
+  apply_tier_options(a.tiers, eo);
   engine::Engine engine(*model, tokenizer, eo);
 
   spdlog::info(
@@ -191,6 +193,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--host", args->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", args->port, "Port to listen on (0: any free port)")
       ->capture_default_str();
+  add_tier_options(*cmd, args->tiers);
   cmd->add_option("--kv-memory", args->kv_memory,
                   "KV pool size, e.g. 256MiB (default: max-running full contexts, within 2 GiB)");
   cmd->add_option("--block-tokens", args->block_tokens, "Tokens per KV block")

@@ -152,7 +152,7 @@ void DiskStore::touch_locked(const Hash256& block_hash, Entry& e) {
   by_use_.emplace(e.last_used, block_hash);
 }
 
-uint64_t DiskStore::remove_locked(const Hash256& block_hash) {
+uint64_t DiskStore::remove_locked(Hash256 block_hash) {
   auto it = entries_.find(block_hash);
   if (it == entries_.end()) return 0;
   const uint64_t bytes = it->second.bytes;

@@ -81,8 +81,9 @@ class DiskStore {
     uint64_t last_used = 0;
   };
   void scan();
-  // Deletes the indexed file of block (under the lock); returns its bytes.
-  uint64_t remove_locked(const Hash256& block_hash) REQUIRES(mu_);
+  // Deletes the indexed file of block (under the lock); returns its bytes. By value: callers
+  // pass keys that live in the maps this erases from.
+  uint64_t remove_locked(Hash256 block_hash) REQUIRES(mu_);
   void touch_locked(const Hash256& block_hash, Entry& e) REQUIRES(mu_);
 
   const std::filesystem::path dir_;

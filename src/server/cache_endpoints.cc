@@ -121,8 +121,15 @@ nlohmann::json CacheEndpoints::pin(const Tenant& tenant, const nlohmann::json& b
           {"ttl_seconds", *ttl}};
 }
 
-nlohmann::json CacheEndpoints::flush() {
-  return {{"flushed_blocks", backend_.engine->flush_cache()}};
+nlohmann::json CacheEndpoints::flush(const std::string& body) {
+  bool tiers = false;
+  if (body.find_first_not_of(" \t\r\n") != std::string::npos) {
+    const nlohmann::json j = parse_json_object(body);
+    tiers = JsonFields(j).boolean("tiers").value_or(false);
+  }
+  nlohmann::json out = {{"flushed_blocks", backend_.engine->flush_cache()}};
+  if (tiers) out["flushed_tier_blocks"] = backend_.engine->flush_tiers();
+  return out;
 }
 
 }  // namespace kvc::server

@@ -26,7 +26,8 @@ class CacheEndpoints {
   nlohmann::json explain(const Tenant& tenant, const nlohmann::json& body);
   // Blocks until a prefix that is not cached yet has been computed (a one-token request).
   nlohmann::json pin(const Tenant& tenant, const nlohmann::json& body);
-  nlohmann::json flush();
+  // Evicts every unreferenced block; with {"tiers": true} also deletes the lower tiers' blocks.
+  nlohmann::json flush(const std::string& body);
 
  private:
   const Backend& backend_;

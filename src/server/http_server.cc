@@ -211,10 +211,10 @@ void HttpServer::routes() {
     InFlight flight(*this);
     send_json(res, 200, cache_->pin(tenant, parse_json_object(b)));
   });
-  post("/v1/cache/flush", [this](const Req& req, Res& res, const Body&) {
+  post("/v1/cache/flush", [this](const Req& req, Res& res, const Body& b) {
     authenticate(req, true);
     backend();
-    send_json(res, 200, cache_->flush());
+    send_json(res, 200, cache_->flush(b));
   });
   // Any other POST: its body is read (so the connection stays in step) and it gets 404.
   post(".*", [this](const Req& req, Res&, const Body&) {

@@ -149,6 +149,56 @@ std::string render_metrics(const engine::Engine& engine, const std::string& mode
            "blocks).");
   p.sample("kvcache_preemptions_total", {}, d(st.preemptions));
 
+  const engine::TierCounts& t = st.tiers;
+  if (t.disk || t.redis) {
+    p.family("kvcache_tier_hits_total", "counter", "Blocks read from a lower KV tier.");
+    if (t.disk) p.sample("kvcache_tier_hits_total", {{"tier", "disk"}}, d(t.disk_store.hits));
+    if (t.redis) p.sample("kvcache_tier_hits_total", {{"tier", "redis"}}, d(t.redis_store.hits));
+    p.family("kvcache_tier_stored_blocks_total", "counter", "Blocks written to a lower KV tier.");
+    if (t.disk) {
+      p.sample("kvcache_tier_stored_blocks_total", {{"tier", "disk"}}, d(t.disk_store.writes));
+    }
+    if (t.redis) {
+      p.sample("kvcache_tier_stored_blocks_total", {{"tier", "redis"}}, d(t.redis_store.writes));
+    }
+    p.family("kvcache_tier_bytes_total", "counter", "Bytes moved to and from a lower KV tier.");
+    if (t.disk) {
+      p.sample("kvcache_tier_bytes_total", {{"tier", "disk"}, {"direction", "out"}},
+               d(t.disk_store.bytes_written));
+      p.sample("kvcache_tier_bytes_total", {{"tier", "disk"}, {"direction", "in"}},
+               d(t.disk_store.bytes_read));
+    }
+    if (t.redis) {
+      p.sample("kvcache_tier_bytes_total", {{"tier", "redis"}, {"direction", "out"}},
+               d(t.redis_store.bytes_written));
+      p.sample("kvcache_tier_bytes_total", {{"tier", "redis"}, {"direction", "in"}},
+               d(t.redis_store.bytes_read));
+    }
+    p.family("kvcache_tier_errors_total", "counter",
+             "Lower-tier failures, by kind: corrupt blocks refused, failed writes or commands, "
+             "writes dropped because the tier fell behind; each was recomputed instead.");
+    if (t.disk) {
+      p.sample("kvcache_tier_errors_total", {{"tier", "disk"}, {"kind", "corrupt"}},
+               d(t.disk_store.corrupt));
+      p.sample("kvcache_tier_errors_total", {{"tier", "disk"}, {"kind", "io"}},
+               d(t.disk_store.write_errors + t.disk_store.read_errors));
+      p.sample("kvcache_tier_errors_total", {{"tier", "disk"}, {"kind", "dropped"}},
+               d(t.disk_writes.dropped));
+    }
+    if (t.redis) {
+      p.sample("kvcache_tier_errors_total", {{"tier", "redis"}, {"kind", "corrupt"}},
+               d(t.redis_store.corrupt));
+      p.sample("kvcache_tier_errors_total", {{"tier", "redis"}, {"kind", "io"}},
+               d(t.redis_store.errors));
+      p.sample("kvcache_tier_errors_total", {{"tier", "redis"}, {"kind", "dropped"}},
+               d(t.redis_writes.dropped + t.redis_store.skipped));
+    }
+    if (t.disk) {
+      p.family("kvcache_tier_disk_bytes", "gauge", "Bytes of block files in the disk tier.");
+      p.sample("kvcache_tier_disk_bytes", {}, d(t.disk_store.bytes));
+    }
+  }
+
   p.family("kvcache_requests_running", "gauge", "Requests admitted and generating.");
   p.sample("kvcache_requests_running", {}, d(st.running));
   p.family("kvcache_requests_waiting", "gauge", "Requests queued for admission.");

@@ -346,6 +346,8 @@ nlohmann::json kvcache_json(const engine::RequestStats& s, double now_ms) {
   const auto ms = [](double v) { return std::round(v * 1000.0) / 1000.0; };
   return {{"prompt_tokens", s.prompt_tokens},
           {"cached_tokens", s.cached_tokens},
+          {"disk_tokens", s.disk_tokens},
+          {"redis_tokens", s.redis_tokens},
           {"miss", miss_json(s.miss, now_ms)},
           {"queue_ms", ms(s.queue_ms)},
           {"ttft_ms", ms(s.ttft_ms)},
