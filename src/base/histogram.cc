@@ -9,7 +9,7 @@ Histogram::Histogram(std::vector<double> bounds)
     : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
 
 void Histogram::observe(double value) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
   ++counts_[i];
   sum_ += value;
@@ -17,7 +17,7 @@ void Histogram::observe(double value) {
 }
 
 Histogram::Snapshot Histogram::snapshot() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Snapshot s;
   s.bounds = bounds_;
   uint64_t running = 0;

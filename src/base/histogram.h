@@ -3,8 +3,9 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
 #include <vector>
+
+#include "base/mutex.h"
 
 namespace kvc {
 
@@ -26,11 +27,11 @@ class Histogram {
   static std::vector<double> latency_ms_bounds();
 
  private:
-  mutable std::mutex mu_;
-  std::vector<double> bounds_;
-  std::vector<uint64_t> counts_;
-  double sum_ = 0;
-  uint64_t count_ = 0;
+  mutable Mutex mu_;
+  const std::vector<double> bounds_;
+  std::vector<uint64_t> counts_ GUARDED_BY(mu_);
+  double sum_ GUARDED_BY(mu_) = 0;
+  uint64_t count_ GUARDED_BY(mu_) = 0;
 };
 
 // The q-quantile (0..1) of values, by nearest rank; 0 for an empty list.

@@ -82,12 +82,12 @@ std::string read_body(const httplib::Request& req, httplib::Response& res,
 class HttpServer::InFlight {
  public:
   explicit InFlight(HttpServer& server) : server_(server) {
-    std::lock_guard lock(server_.flight_mu_);
+    MutexLock lock(server_.flight_mu_);
     ++server_.in_flight_;
   }
   ~InFlight() {
     {
-      std::lock_guard lock(server_.flight_mu_);
+      MutexLock lock(server_.flight_mu_);
       --server_.in_flight_;
     }
     server_.flight_cv_.notify_all();
@@ -248,7 +248,7 @@ void HttpServer::set_ready(Backend backend) {
 }
 
 DrainReport HttpServer::shutdown(double drain_seconds) {
-  std::lock_guard lock(shutdown_mu_);
+  MutexLock lock(shutdown_mu_);
   DrainReport report;
   if (state_ == State::kStopped) return report;
   if (!thread_.joinable()) {
@@ -268,8 +268,10 @@ DrainReport HttpServer::shutdown(double drain_seconds) {
   }
   {
     // What remains is writing the last chunks of each response: every generation has ended.
-    std::unique_lock flight(flight_mu_);
-    flight_cv_.wait_for(flight, std::chrono::seconds(10), [&] { return in_flight_ == 0; });
+    MutexLock flight(flight_mu_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (in_flight_ > 0 && flight_cv_.wait_until(flight, deadline)) {
+    }
   }
   state_ = State::kStopped;
   // Only now: cpp-httplib ends every open stream as soon as the listener stops.
@@ -448,7 +450,7 @@ void HttpServer::metrics(const httplib::Request& req, httplib::Response& res) {
   const Backend& b = backend();
   std::map<int, uint64_t> responses;
   {
-    std::lock_guard lock(responses_mu_);
+    MutexLock lock(responses_mu_);
     responses = responses_;
   }
   res.status = 200;
@@ -457,7 +459,7 @@ void HttpServer::metrics(const httplib::Request& req, httplib::Response& res) {
 }
 
 void HttpServer::count_response(int status) {
-  std::lock_guard lock(responses_mu_);
+  MutexLock lock(responses_mu_);
   ++responses_[status];
 }
 

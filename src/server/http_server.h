@@ -10,15 +10,14 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 
+#include "base/mutex.h"
 #include "engine/engine.h"
 #include "server/api_keys.h"
 #include "server/backend.h"
@@ -116,15 +115,15 @@ class HttpServer {
   std::optional<Backend> backend_;         // written once, before state_ becomes kReady
   std::unique_ptr<CacheEndpoints> cache_;  // likewise
   Tenants tenants_;
-  std::mutex shutdown_mu_;
+  Mutex shutdown_mu_;  // one shutdown at a time
 
-  std::mutex responses_mu_;
-  std::map<int, uint64_t> responses_;  // guarded by responses_mu_
+  Mutex responses_mu_;
+  std::map<int, uint64_t> responses_ GUARDED_BY(responses_mu_);
 
   // Generations whose responses are still being written, so that shutdown waits for them.
-  std::mutex flight_mu_;
-  std::condition_variable flight_cv_;
-  size_t in_flight_ = 0;  // guarded by flight_mu_
+  Mutex flight_mu_;
+  CondVar flight_cv_;
+  size_t in_flight_ GUARDED_BY(flight_mu_) = 0;
 };
 
 }  // namespace kvc::server

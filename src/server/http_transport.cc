@@ -124,7 +124,7 @@ class ConnectionThreads final : public httplib::TaskQueue {
 
   void enqueue(std::function<void()> fn) override {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       jobs_.push_back(std::move(fn));
       if (jobs_.size() > idle_ && threads_.size() < max_) {
         threads_.emplace_back([this] { work(); });
@@ -136,7 +136,7 @@ class ConnectionThreads final : public httplib::TaskQueue {
   void shutdown() override {
     std::vector<std::thread> threads;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       stop_ = true;
       threads.swap(threads_);
     }
@@ -146,27 +146,28 @@ class ConnectionThreads final : public httplib::TaskQueue {
 
  private:
   void work() {
-    std::unique_lock lock(mu_);
     for (;;) {
-      ++idle_;
-      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-      --idle_;
-      if (jobs_.empty()) return;
-      std::function<void()> fn = std::move(jobs_.front());
-      jobs_.pop_front();
-      lock.unlock();
+      std::function<void()> fn;
+      {
+        MutexLock lock(mu_);
+        ++idle_;
+        while (!stop_ && jobs_.empty()) cv_.wait(lock);
+        --idle_;
+        if (jobs_.empty()) return;
+        fn = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
       fn();
-      lock.lock();
     }
   }
 
   const size_t max_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;  // guarded by mu_
-  std::vector<std::thread> threads_;        // guarded by mu_
-  size_t idle_ = 0;                         // guarded by mu_
-  bool stop_ = false;                       // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> jobs_ GUARDED_BY(mu_);
+  std::vector<std::thread> threads_ GUARDED_BY(mu_);
+  size_t idle_ GUARDED_BY(mu_) = 0;
+  bool stop_ GUARDED_BY(mu_) = false;
 };
 
 // Threads beyond max_connections that only refuse or evict, so that a full server still
@@ -290,7 +291,7 @@ bool HttpTransport::listen_with_backlog() {
 }
 
 void HttpTransport::stop_connections() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   stopping_ = true;
   // Connections still waiting for (or reading) a request will not be answered any more.
   for (Connection* c : connections_) {
@@ -299,7 +300,7 @@ void HttpTransport::stop_connections() {
 }
 
 ConnectionCounts HttpTransport::counts() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ConnectionCounts out = counts_;
   out.open = connections_.size();
   out.waiting = 0;
@@ -310,7 +311,7 @@ ConnectionCounts HttpTransport::counts() const {
 }
 
 bool HttpTransport::admit(Connection& c, std::string& refusal) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (stopping_) {
     refusal = canned_response(
         503, "Service Unavailable",
@@ -368,7 +369,7 @@ bool HttpTransport::admit(Connection& c, std::string& refusal) {
 
 void HttpTransport::release(Connection& c) {
   if (!c.registered) return;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   connections_.remove(&c);
   if (!c.evicted) {
     --live_;
@@ -380,7 +381,7 @@ void HttpTransport::release(Connection& c) {
 }
 
 bool HttpTransport::set_phase(Connection& c, Phase phase) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   c.phase = phase;
   c.phase_since = Clock::now();
   return !(stopping_ && phase == Phase::kIdle) && !c.evicted;

@@ -25,15 +25,15 @@
 #include <httplib.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <list>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "base/mutex.h"
 
 namespace kvc::server {
 
@@ -96,12 +96,13 @@ class HttpTransport : public httplib::Server {
   friend class DeadlineStream;
 
   TransportOptions options_;
-  mutable std::mutex mu_;
-  std::list<Connection*> connections_;
-  std::map<std::string, size_t> per_client_;  // connections not evicted, per address
-  size_t live_ = 0;                           // connections not evicted
-  bool stopping_ = false;
-  ConnectionCounts counts_;
+  mutable Mutex mu_;
+  std::list<Connection*> connections_ GUARDED_BY(mu_);
+  // Connections not evicted, per address.
+  std::map<std::string, size_t> per_client_ GUARDED_BY(mu_);
+  size_t live_ GUARDED_BY(mu_) = 0;  // connections not evicted
+  bool stopping_ GUARDED_BY(mu_) = false;
+  ConnectionCounts counts_ GUARDED_BY(mu_);
 };
 
 }  // namespace kvc::server

@@ -57,7 +57,7 @@ kv::Hash256 Tenants::namespace_of(const engine::Engine& engine, const std::strin
   const kv::Hash256 ns = engine.namespace_for(salt);
   std::set<kv::Hash256> known;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto& spaces = namespaces_[tenant];
     if (spaces.count(ns) || spaces.size() < kMaxNamespacesPerTenant) {
       spaces.insert(ns);
@@ -72,7 +72,7 @@ kv::Hash256 Tenants::namespace_of(const engine::Engine& engine, const std::strin
     const kv::NamespaceStats s = engine.namespace_stats(n);
     if (s.blocks == 0 && s.pinned_blocks == 0) gone.push_back(n);
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto& spaces = namespaces_[tenant];
   for (const auto& n : gone) spaces.erase(n);
   if (spaces.size() < kMaxNamespacesPerTenant) spaces.insert(ns);
@@ -80,7 +80,7 @@ kv::Hash256 Tenants::namespace_of(const engine::Engine& engine, const std::strin
 }
 
 std::set<kv::Hash256> Tenants::namespaces(const std::string& tenant) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = namespaces_.find(tenant);
   return it == namespaces_.end() ? std::set<kv::Hash256>{} : it->second;
 }
@@ -99,7 +99,7 @@ kv::NamespaceStats Tenants::stats(const engine::Engine& engine, const std::strin
 
 std::vector<TenantNamespaces> Tenants::for_metrics() const {
   std::vector<TenantNamespaces> out;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [name, spaces] : namespaces_)
     out.push_back({name, {spaces.begin(), spaces.end()}});
   // Tenants that have not sent a request yet still get their (zero) series.

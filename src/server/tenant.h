@@ -7,12 +7,12 @@
 #pragma once
 
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "engine/engine.h"
 #include "kv/content_hash.h"
 #include "server/api_keys.h"
@@ -64,8 +64,8 @@ class Tenants {
 
  private:
   const std::optional<ApiKeys> keys_;
-  mutable std::mutex mu_;
-  std::map<std::string, std::set<kv::Hash256>> namespaces_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::string, std::set<kv::Hash256>> namespaces_ GUARDED_BY(mu_);
 };
 
 }  // namespace kvc::server
