@@ -9,6 +9,8 @@
 #include "base/error.h"
 #include "base/strings.h"
 #include "kv/redis_store.h"
+#include "kv/tier_codec.h"
+#include "kv/tier_key.h"
 
 namespace kvc::cli {
 
@@ -43,22 +45,45 @@ void add_tier_options(CLI::App& cmd, TierArgs& args) {
                  "Redis KV tier shared by instances: redis://[:PASSWORD@]HOST[:PORT][/DB]");
   cmd.add_option("--kv-redis-password-file", args.redis_password_file,
                  "File holding the Redis password (first line), instead of the URL's");
+  cmd.add_option("--kv-disk-compress", args.disk_compress,
+                 "Compress blocks in the disk tier: none, lz4 or zstd")
+      ->capture_default_str();
+  cmd.add_option("--kv-redis-compress", args.redis_compress,
+                 "Compress blocks in the Redis tier: none, lz4 or zstd")
+      ->capture_default_str();
+  cmd.add_option("--kv-tier-key", args.key_file,
+                 "Encrypt blocks in the disk and Redis tiers with AES-256-GCM under this key "
+                 "(a file of 32 raw bytes or 64 hex digits); unencrypted blocks are then refused");
 }
 
+namespace {
+
+kv::TierCompression parse_compression(const std::string& value, std::string_view flag) {
+  const auto c = kv::parse_tier_compression(value);
+  if (!c) fail("{}: unknown compression '{}'; use none, lz4 or zstd", flag, value);
+  return *c;
+}
+
+}  // namespace
+
 void apply_tier_options(const TierArgs& args, engine::EngineOptions& eo) {
-  eo.kv_disk_dir = args.disk;
-  eo.kv_disk_max_bytes = parse_byte_size(args.disk_size, "--kv-disk-size");
+  engine::TierOptions& t = eo.kv_tiers;
+  t.disk_dir = args.disk;
+  t.disk_max_bytes = parse_byte_size(args.disk_size, "--kv-disk-size");
+  t.disk_compression = parse_compression(args.disk_compress, "--kv-disk-compress");
+  t.redis_compression = parse_compression(args.redis_compress, "--kv-redis-compress");
+  if (!args.key_file.empty()) t.key = kv::load_tier_key(args.key_file);
   if (!args.redis.empty()) {
     kv::parse_redis_url(args.redis);  // a malformed URL is an error at start-up
-    eo.kv_redis_url = args.redis;
+    t.redis_url = args.redis;
   }
   if (!args.redis_password_file.empty()) {
     std::ifstream in(args.redis_password_file);
     if (!in) fail("--kv-redis-password-file {}: cannot be read", args.redis_password_file);
     std::string line;
     std::getline(in, line);
-    eo.kv_redis_password = std::string(trim(line));
-    if (eo.kv_redis_password.empty()) {
+    t.redis_password = std::string(trim(line));
+    if (t.redis_password.empty()) {
       fail("--kv-redis-password-file {}: the first line is empty", args.redis_password_file);
     }
   }

@@ -20,10 +20,13 @@ int thread_count(int requested);
 
 // The lower KV tiers' flags, shared by run and serve.
 struct TierArgs {
-  std::string disk;                 // --kv-disk DIR
-  std::string disk_size = "10GiB";  // --kv-disk-size BYTES
-  std::string redis;                // --kv-redis URL
-  std::string redis_password_file;  // --kv-redis-password-file FILE
+  std::string disk;                     // --kv-disk DIR
+  std::string disk_size = "10GiB";      // --kv-disk-size BYTES
+  std::string redis;                    // --kv-redis URL
+  std::string redis_password_file;      // --kv-redis-password-file FILE
+  std::string disk_compress = "none";   // --kv-disk-compress none|lz4|zstd
+  std::string redis_compress = "none";  // --kv-redis-compress none|lz4|zstd
+  std::string key_file;                 // --kv-tier-key FILE
 };
 void add_tier_options(CLI::App& cmd, TierArgs& args);
 // Copies the tier flags into eo; throws Error naming the flag for a bad size, URL or file.

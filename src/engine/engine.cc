@@ -47,12 +47,7 @@ Engine::Engine(const model::LlamaModel& model, const model::Tokenizer& tokenizer
   ko.session_max_blocks = options_.session_max_blocks;
   ko.tenant_pinned_max_blocks = options_.tenant_pinned_max_blocks;
   if (options_.prefix_cache) model_fingerprint_ = model::model_fingerprint(model_.file());
-  ko.disk_dir = options_.kv_disk_dir;
-  ko.disk_max_bytes = options_.kv_disk_max_bytes;
-  ko.redis_url = options_.kv_redis_url;
-  ko.redis_password = options_.kv_redis_password;
-  ko.redis_timeout_ms = options_.kv_redis_timeout_ms;
-  ko.redis_ttl_seconds = options_.kv_redis_ttl_seconds;
+  ko.tiers = options_.kv_tiers;
   ko.model_fingerprint = model_fingerprint_;
   kv_ = std::make_unique<KvCacheManager>(geometry_, bytes, ko);
   pool_ = &kv_->pool();

@@ -48,12 +48,7 @@ struct EngineOptions {
   double session_ttl_ms = 10 * 60 * 1000.0;
   size_t session_max_blocks = 256;      // blocks a session keeps pinned between turns
   size_t tenant_pinned_max_blocks = 0;  // per namespace, sessions and pins; 0: pool / 4
-  std::string kv_disk_dir;              // the disk tier's directory; empty: none
-  uint64_t kv_disk_max_bytes = uint64_t{10} << 30;
-  std::string kv_redis_url;       // the Redis tier; empty: none
-  std::string kv_redis_password;  // overrides the URL's password
-  double kv_redis_timeout_ms = 100;
-  double kv_redis_ttl_seconds = 24 * 3600.0;
+  TierOptions kv_tiers;                 // disk and Redis behind the pool; none by default
   // Called on the engine thread before each forward pass, outside the state lock (tests use it
   // to show that cache operations never wait for compute).
   std::function<void()> before_forward;

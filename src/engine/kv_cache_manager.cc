@@ -25,21 +25,23 @@ KvCacheManager::KvCacheManager(const kv::KvGeometry& geometry, uint64_t memory_b
   const uint64_t queue_bytes =
       std::max<uint64_t>(geometry.bytes_per_block(),
                          std::min<uint64_t>(uint64_t{64} << 20, 256 * geometry.bytes_per_block()));
-  if (!options_.redis_url.empty() && options_.prefix_cache) {
+  const TierOptions& t = options_.tiers;
+  if (!t.redis_url.empty() && options_.prefix_cache) {
     kv::RedisStoreOptions ro;
-    ro.address = kv::parse_redis_url(options_.redis_url);
-    if (!options_.redis_password.empty()) ro.address.password = options_.redis_password;
-    ro.timeout_ms = options_.redis_timeout_ms;
-    ro.ttl_seconds = options_.redis_ttl_seconds;
-    redis_ = std::make_unique<kv::RedisStore>(id, ro);
+    ro.address = kv::parse_redis_url(t.redis_url);
+    if (!t.redis_password.empty()) ro.address.password = t.redis_password;
+    ro.timeout_ms = t.redis_timeout_ms;
+    ro.ttl_seconds = t.redis_ttl_seconds;
+    redis_ = std::make_unique<kv::RedisStore>(kv::TierCodec(id, t.redis_compression, t.key), ro);
     redis_writer_ = std::make_unique<kv::TierWriteQueue>(
         [store = redis_.get()](const kv::TierWrite& w) {
           return store->put(w.ns, w.hash, w.tokens, w.payload);
         },
         queue_bytes);
   }
-  if (!options_.disk_dir.empty() && options_.prefix_cache) {
-    disk_ = std::make_unique<kv::DiskStore>(options_.disk_dir, id, options_.disk_max_bytes);
+  if (!t.disk_dir.empty() && options_.prefix_cache) {
+    disk_ = std::make_unique<kv::DiskStore>(
+        t.disk_dir, kv::TierCodec(id, t.disk_compression, t.key), t.disk_max_bytes);
     disk_writer_ = std::make_unique<kv::TierWriteQueue>(
         [store = disk_.get()](const kv::TierWrite& w) {
           return store->put(w.ns, w.hash, w.tokens, w.payload);

@@ -28,6 +28,22 @@
 
 namespace kvc::engine {
 
+// The lower tiers behind the pool.
+struct TierOptions {
+  // The disk tier: a directory and a byte budget (empty directory: no disk tier).
+  std::string disk_dir;
+  uint64_t disk_max_bytes = uint64_t{10} << 30;
+  kv::TierCompression disk_compression = kv::TierCompression::kNone;
+  // The Redis tier (empty URL: none).
+  std::string redis_url;
+  std::string redis_password;  // overrides the URL's password (from a file)
+  double redis_timeout_ms = 100;
+  double redis_ttl_seconds = 24 * 3600.0;
+  kv::TierCompression redis_compression = kv::TierCompression::kNone;
+  // Encrypts (and requires encrypted) blocks in both tiers.
+  std::optional<kv::TierKey> key;
+};
+
 struct KvCacheOptions {
   bool prefix_cache = true;
   bool partial_reuse = true;
@@ -36,14 +52,7 @@ struct KvCacheOptions {
   // Blocks one namespace (tenant) may hold pinned through sessions and pins; 0: a quarter of
   // the pool.
   size_t tenant_pinned_max_blocks = 0;
-  // The disk tier: a directory and a byte budget (empty directory: no disk tier).
-  std::string disk_dir;
-  uint64_t disk_max_bytes = uint64_t{10} << 30;
-  // The Redis tier (empty URL: none).
-  std::string redis_url;
-  std::string redis_password;  // overrides the URL's password (from a file)
-  double redis_timeout_ms = 100;
-  double redis_ttl_seconds = 24 * 3600.0;
+  TierOptions tiers;
   // Identity of stored blocks: the model (weights and tokenizer) they were computed by.
   kv::Hash256 model_fingerprint{};
 };

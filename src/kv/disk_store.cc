@@ -78,8 +78,8 @@ std::string DiskStore::file_name(const Hash256& block_hash) {
   return to_hex(block_hash) + std::string(kSuffix);
 }
 
-DiskStore::DiskStore(std::filesystem::path dir, TierIdentity identity, uint64_t max_bytes)
-    : dir_(std::move(dir)), identity_(identity), max_bytes_(max_bytes) {
+DiskStore::DiskStore(std::filesystem::path dir, TierCodec codec, uint64_t max_bytes)
+    : dir_(std::move(dir)), codec_(std::move(codec)), max_bytes_(max_bytes) {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (!fs::is_directory(dir_, ec)) {
@@ -117,11 +117,7 @@ void DiskStore::scan() {
       continue;
     }
     const auto h = decode_tier_header(head, why);
-    const KvGeometry& g = identity_.geometry;
-    if (!h || h->block_hash != *hash || h->model_fingerprint != identity_.model_fingerprint ||
-        h->n_layers != g.n_layers || h->n_kv_heads != g.n_kv_heads || h->head_dim != g.head_dim ||
-        h->block_tokens != g.block_tokens || h->k_dtype != identity_.k_dtype ||
-        h->v_dtype != identity_.v_dtype) {
+    if (!h || h->block_hash != *hash || !identity_mismatch(*h, codec_.identity()).empty()) {
       ++foreign;
       continue;
     }
@@ -171,7 +167,12 @@ bool DiskStore::contains(const Hash256& block_hash) const {
 
 bool DiskStore::put(const Hash256& ns, const Hash256& block_hash, uint32_t token_count,
                     std::span<const uint8_t> payload) {
-  const uint64_t bytes = kTierHeaderBytes + payload.size();
+  {
+    MutexLock lock(mu_);
+    if (entries_.count(block_hash) > 0 || writing_.count(block_hash) > 0) return true;
+  }
+  const std::vector<uint8_t> data = codec_.encode(ns, block_hash, token_count, payload);
+  const uint64_t bytes = data.size();
   uint64_t n = 0;
   {
     MutexLock lock(mu_);
@@ -192,8 +193,6 @@ bool DiskStore::put(const Hash256& ns, const Hash256& block_hash, uint32_t token
     writing_.emplace(block_hash, bytes);
     n = ++temp_counter_;
   }
-  const std::vector<uint8_t> data =
-      encode_tier_block(make_tier_header(identity_, ns, block_hash, token_count), payload);
   const fs::path final_path = dir_ / file_name(block_hash);
   const fs::path temp_path =
       dir_ / fmt::format(".{}{}{}.{}", to_hex(block_hash), kTempMarker, ::getpid(), n);
@@ -249,18 +248,21 @@ bool DiskStore::get(const Hash256& ns, const Hash256& block_hash, std::span<uint
       why = "truncated header";
     }
   }
+  std::vector<uint8_t> stored;
   if (h) {
-    if (h->payload_bytes != out.size()) {
+    // Compression is kept only when it saves bytes: a stored payload is never larger.
+    if (h->payload_bytes > out.size()) {
       why = fmt::format("payload of {} bytes, the pool's blocks hold {}", h->payload_bytes,
                         out.size());
-    } else if (!read_all(f.fd, out.data(), out.size())) {
-      why = "truncated payload";
     } else {
+      stored.resize(h->payload_bytes);
       uint8_t extra = 0;
-      if (::read(f.fd, &extra, 1) != 0) {
+      if (!read_all(f.fd, stored.data(), stored.size())) {
+        why = "truncated payload";
+      } else if (::read(f.fd, &extra, 1) != 0) {
         why = "bytes after the payload";
       } else {
-        why = check_tier_block(*h, identity_, ns, block_hash, out);
+        why = codec_.decode(*h, ns, block_hash, stored, out);
       }
     }
   }

@@ -28,6 +28,7 @@
 #include "base/mutex.h"
 #include "kv/content_hash.h"
 #include "kv/tier_block.h"
+#include "kv/tier_codec.h"
 
 namespace kvc::kv {
 
@@ -51,7 +52,8 @@ class DiskStore {
  public:
   // Opens dir (creating it if needed) for blocks of identity, keeping at most max_bytes of
   // block files. Throws Error when dir cannot be created or is not a directory.
-  DiskStore(std::filesystem::path dir, TierIdentity identity, uint64_t max_bytes);
+  // codec packs and checks blocks (identity, compression, encryption).
+  DiskStore(std::filesystem::path dir, TierCodec codec, uint64_t max_bytes);
 
   // True when the block is indexed (a read may still find it corrupt).
   bool contains(const Hash256& block_hash) const;
@@ -87,7 +89,7 @@ class DiskStore {
   void touch_locked(const Hash256& block_hash, Entry& e) REQUIRES(mu_);
 
   const std::filesystem::path dir_;
-  const TierIdentity identity_;
+  const TierCodec codec_;
   const uint64_t max_bytes_;
 
   mutable Mutex mu_;

@@ -173,8 +173,8 @@ class RedisStore::Connection {
   RedisStoreStats stats_ GUARDED_BY(mu_);
 };
 
-RedisStore::RedisStore(TierIdentity identity, RedisStoreOptions options)
-    : identity_(identity),
+RedisStore::RedisStore(TierCodec codec, RedisStoreOptions options)
+    : codec_(std::move(codec)),
       options_(std::move(options)),
       reader_(std::make_unique<Connection>(options_)),
       writer_(std::make_unique<Connection>(options_)) {}
@@ -187,8 +187,7 @@ std::string RedisStore::key(const Hash256& ns, const Hash256& block_hash) {
 
 bool RedisStore::put(const Hash256& ns, const Hash256& block_hash, uint32_t token_count,
                      std::span<const uint8_t> payload) {
-  const std::vector<uint8_t> value =
-      encode_tier_block(make_tier_header(identity_, ns, block_hash, token_count), payload);
+  const std::vector<uint8_t> value = codec_.encode(ns, block_hash, token_count, payload);
   const std::string k = key(ns, block_hash);
   const std::string_view v(reinterpret_cast<const char*>(value.data()), value.size());
   std::vector<std::string_view> args = {"SET", k, v};
@@ -234,11 +233,8 @@ bool RedisStore::get(const Hash256& ns, const Hash256& block_hash, std::span<uin
   std::string why;
   const auto h = decode_tier_header(value, why);
   if (h) {
-    const std::span<const uint8_t> payload = value.subspan(kTierHeaderBytes);
-    why = check_tier_block(*h, identity_, ns, block_hash, payload);
-    if (why.empty() && payload.size() != out.size()) why = "payload size differs from the pool's";
+    why = codec_.decode(*h, ns, block_hash, value.subspan(kTierHeaderBytes), out);
     if (why.empty()) {
-      std::memcpy(out.data(), payload.data(), out.size());
       reader_->count(&RedisStoreStats::hits);
       reader_->count(&RedisStoreStats::bytes_read, value.size());
       return true;

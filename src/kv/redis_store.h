@@ -26,6 +26,7 @@
 #include "base/mutex.h"
 #include "kv/content_hash.h"
 #include "kv/tier_block.h"
+#include "kv/tier_codec.h"
 
 namespace kvc::kv {
 
@@ -63,7 +64,8 @@ struct RedisStoreStats {
 class RedisStore {
  public:
   // Connects lazily: a Redis that is down now is not an error here.
-  RedisStore(TierIdentity identity, RedisStoreOptions options);
+  // codec packs and checks blocks (identity, compression, encryption).
+  RedisStore(TierCodec codec, RedisStoreOptions options);
   ~RedisStore();
   RedisStore(const RedisStore&) = delete;
   RedisStore& operator=(const RedisStore&) = delete;
@@ -84,7 +86,7 @@ class RedisStore {
 
  private:
   class Connection;
-  const TierIdentity identity_;
+  const TierCodec codec_;
   const RedisStoreOptions options_;
   std::unique_ptr<Connection> reader_, writer_;
 };

@@ -84,7 +84,7 @@ std::array<uint8_t, kTierHeaderBytes> encode_tier_header(const TierBlockHeader& 
   w.u32(ggml_type_id(h.k_dtype));
   w.u32(ggml_type_id(h.v_dtype));
   w.u32(h.token_count);
-  w.u32(0);
+  w.u32(h.raw_bytes);
   w.u64(h.payload_bytes);
   w.u64(h.payload_checksum);
   w.bytes(h.nonce.data(), h.nonce.size());
@@ -134,7 +134,7 @@ std::optional<TierBlockHeader> decode_tier_header(std::span<const uint8_t> bytes
   h.k_dtype = *k;
   h.v_dtype = *v;
   h.token_count = r.u32();
-  r.u32();
+  h.raw_bytes = r.u32();
   h.payload_bytes = r.u64();
   h.payload_checksum = r.u64();
   r.bytes(h.nonce.data(), h.nonce.size());
@@ -152,12 +152,8 @@ std::vector<uint8_t> encode_tier_block(TierBlockHeader header, std::span<const u
   return out;
 }
 
-std::string check_tier_block(const TierBlockHeader& h, const TierIdentity& identity,
-                             const Hash256& ns, const Hash256& block_hash,
-                             std::span<const uint8_t> payload) {
+std::string identity_mismatch(const TierBlockHeader& h, const TierIdentity& identity) {
   if (h.model_fingerprint != identity.model_fingerprint) return "stored by another model";
-  if (h.ns != ns) return "stored under another namespace";
-  if (h.block_hash != block_hash) return "holds another block";
   const KvGeometry& g = identity.geometry;
   if (h.n_layers != g.n_layers || h.n_kv_heads != g.n_kv_heads || h.head_dim != g.head_dim ||
       h.block_tokens != g.block_tokens) {
@@ -169,6 +165,17 @@ std::string check_tier_block(const TierBlockHeader& h, const TierIdentity& ident
     return fmt::format("K/V dtypes {}/{}, not {}/{}", dtype_name(h.k_dtype), dtype_name(h.v_dtype),
                        dtype_name(identity.k_dtype), dtype_name(identity.v_dtype));
   }
+  return {};
+}
+
+std::string check_tier_block(const TierBlockHeader& h, const TierIdentity& identity,
+                             const Hash256& ns, const Hash256& block_hash,
+                             std::span<const uint8_t> payload) {
+  std::string why = identity_mismatch(h, identity);
+  if (!why.empty()) return why;
+  if (h.ns != ns) return "stored under another namespace";
+  if (h.block_hash != block_hash) return "holds another block";
+  const KvGeometry& g = identity.geometry;
   if (h.token_count == 0 || h.token_count > static_cast<uint32_t>(g.block_tokens)) {
     return fmt::format("token count {} out of range", h.token_count);
   }

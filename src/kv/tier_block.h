@@ -8,9 +8,10 @@
 //
 // Layout (little-endian, 192 bytes): magic "KVCB", format version, header size, flags,
 // model fingerprint (32), namespace (32), block hash (32), n_layers, n_kv_heads, head_dim,
-// block_tokens, K dtype, V dtype, token count, reserved, payload bytes (8), payload XXH3-64
-// (8), nonce (12), tag (16), reserved (4). With kEncrypted, the payload is AES-256-GCM
-// ciphertext under the nonce, with the header (tag zeroed) as associated data.
+// block_tokens, K dtype, V dtype, token count, raw bytes, payload bytes (8), payload XXH3-64
+// (8), nonce (12), tag (16), reserved (4). The stored payload is the block's bytes as the pool
+// holds them (raw bytes long), lz4- or zstd-compressed when a compression flag is set, then
+// AES-256-GCM ciphertext when kEncrypted is set (see TierCodec).
 //
 // Thread-safety: pure functions over values; safe from any thread.
 #pragma once
@@ -53,13 +54,15 @@ struct TierBlockHeader {
   DType k_dtype = DType::F32;
   DType v_dtype = DType::F32;
   uint32_t token_count = 0;
-  uint64_t payload_bytes = 0;
+  uint32_t raw_bytes = 0;         // the payload's bytes before compression and encryption
+  uint64_t payload_bytes = 0;     // the stored payload's bytes
   uint64_t payload_checksum = 0;  // XXH3-64 of the stored payload bytes
   std::array<uint8_t, 12> nonce{};
   std::array<uint8_t, 16> tag{};
 
   static constexpr uint32_t kEncrypted = 1;
-  static constexpr uint32_t kCompressed = 2;
+  static constexpr uint32_t kLz4 = 2;
+  static constexpr uint32_t kZstd = 4;
 };
 
 // The header of a block of identity, namespace ns and chained hash block_hash (payload fields
@@ -73,14 +76,18 @@ std::array<uint8_t, kTierHeaderBytes> encode_tier_header(const TierBlockHeader& 
 // (wrong magic, version or size).
 std::optional<TierBlockHeader> decode_tier_header(std::span<const uint8_t> bytes, std::string& why);
 
-// The whole stored block: header (checksum and size filled in) followed by payload.
+// The whole stored block: header (stored size and checksum filled in) followed by the stored
+// payload.
 std::vector<uint8_t> encode_tier_block(TierBlockHeader header, std::span<const uint8_t> payload);
 
 // Why a stored block cannot stand in for the wanted one, or empty when it can: compares the
-// header with identity, ns and block_hash, and the payload with its size and checksum.
+// header with identity, ns and block_hash, and the stored payload with its size and checksum.
 std::string check_tier_block(const TierBlockHeader& h, const TierIdentity& identity,
                              const Hash256& ns, const Hash256& block_hash,
                              std::span<const uint8_t> payload);
+
+// Why a header's model or layout differs from identity, or empty when it matches.
+std::string identity_mismatch(const TierBlockHeader& h, const TierIdentity& identity);
 
 uint64_t payload_checksum(std::span<const uint8_t> payload);
 

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <numeric>
 
+#include "kv/tier_fixtures.h"
 #include "scratch_dir.h"
 
 namespace kvc::kv {
@@ -19,37 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-TierIdentity identity() {
-  TierIdentity id;
-  id.model_fingerprint.fill(7);
-  id.geometry.n_layers = 2;
-  id.geometry.n_kv_heads = 2;
-  id.geometry.head_dim = 4;
-  id.geometry.block_tokens = 4;
-  id.geometry.dtype = DType::F32;
-  id.k_dtype = id.v_dtype = DType::F32;
-  return id;
-}
-
-Hash256 hash_of(int i) {
-  Hash256 h{};
-  h[0] = static_cast<uint8_t>(i);
-  h[1] = static_cast<uint8_t>(i >> 8);
-  h[31] = 0xab;
-  return h;
-}
-
-Hash256 ns_of(int i) {
-  Hash256 h{};
-  h.fill(static_cast<uint8_t>(i));
-  return h;
-}
-
-std::vector<uint8_t> payload(int seed) {
-  std::vector<uint8_t> p(identity().geometry.bytes_per_block());
-  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<uint8_t>(seed * 31 + i * 7);
-  return p;
-}
+using namespace tier_fixtures;
 
 // A fresh directory inside the test's scratch directory.
 fs::path fresh_dir(const std::string& name) {
@@ -64,7 +35,7 @@ size_t block_bytes() {
 
 TEST(DiskStore, RoundTripsABlock) {
   const fs::path dir = fresh_dir("roundtrip");
-  DiskStore store(dir, identity(), 1 << 20);
+  DiskStore store(dir, TierCodec(identity()), 1 << 20);
   const auto p = payload(1);
   ASSERT_TRUE(store.put(ns_of(1), hash_of(1), 4, p));
   EXPECT_TRUE(store.contains(hash_of(1)));
@@ -85,10 +56,10 @@ TEST(DiskStore, RoundTripsABlock) {
 TEST(DiskStore, FindsItsBlocksAgainAfterARestart) {
   const fs::path dir = fresh_dir("restart");
   {
-    DiskStore store(dir, identity(), 1 << 20);
+    DiskStore store(dir, TierCodec(identity()), 1 << 20);
     for (int i = 0; i < 5; ++i) ASSERT_TRUE(store.put(ns_of(1), hash_of(i), 4, payload(i)));
   }
-  DiskStore again(dir, identity(), 1 << 20);
+  DiskStore again(dir, TierCodec(identity()), 1 << 20);
   EXPECT_EQ(again.stats().found_at_open, 5u);
   for (int i = 0; i < 5; ++i) {
     std::vector<uint8_t> out(payload(i).size());
@@ -100,7 +71,7 @@ TEST(DiskStore, FindsItsBlocksAgainAfterARestart) {
 TEST(DiskStore, NeverUsesOrDeletesBlocksOfAnotherModelOrLayout) {
   const fs::path dir = fresh_dir("foreign");
   {
-    DiskStore store(dir, identity(), 1 << 20);
+    DiskStore store(dir, TierCodec(identity()), 1 << 20);
     ASSERT_TRUE(store.put(ns_of(1), hash_of(1), 4, payload(1)));
   }
   TierIdentity other_model = identity();
@@ -111,7 +82,7 @@ TEST(DiskStore, NeverUsesOrDeletesBlocksOfAnotherModelOrLayout) {
   TierIdentity other_geometry = identity();
   other_geometry.geometry.block_tokens = 8;
   for (const TierIdentity& id : {other_model, other_dtype, other_geometry}) {
-    DiskStore store(dir, id, 1 << 20);
+    DiskStore store(dir, TierCodec(id), 1 << 20);
     EXPECT_EQ(store.stats().found_at_open, 0u);
     EXPECT_EQ(store.stats().foreign_files, 1u);
     EXPECT_FALSE(store.contains(hash_of(1)));
@@ -124,7 +95,7 @@ TEST(DiskStore, NeverUsesOrDeletesBlocksOfAnotherModelOrLayout) {
 
 TEST(DiskStore, RefusesAndDeletesDamagedBlocks) {
   const fs::path dir = fresh_dir("damaged");
-  DiskStore store(dir, identity(), 1 << 20);
+  DiskStore store(dir, TierCodec(identity()), 1 << 20);
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(store.put(ns_of(1), hash_of(i), 4, payload(i)));
   // 0: truncated payload; 1: a flipped payload byte; 2: a flipped header byte; 3: read under
   // another namespace.
@@ -158,7 +129,7 @@ TEST(DiskStore, RefusesAndDeletesDamagedBlocks) {
 
 TEST(DiskStore, StaysWithinItsBudgetDroppingTheLeastRecentlyUsed) {
   const fs::path dir = fresh_dir("budget");
-  DiskStore store(dir, identity(), 3 * block_bytes());
+  DiskStore store(dir, TierCodec(identity()), 3 * block_bytes());
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(store.put(ns_of(1), hash_of(i), 4, payload(i)));
   std::vector<uint8_t> out(payload(0).size());
   ASSERT_TRUE(store.get(ns_of(1), hash_of(0), out));  // 0 is now the most recently used
@@ -169,7 +140,7 @@ TEST(DiskStore, StaysWithinItsBudgetDroppingTheLeastRecentlyUsed) {
   EXPECT_EQ(store.stats().evictions, 1u);
   EXPECT_EQ(store.stats().bytes, 3 * block_bytes());
   // A smaller budget after a restart trims to it.
-  DiskStore smaller(dir, identity(), 2 * block_bytes());
+  DiskStore smaller(dir, TierCodec(identity()), 2 * block_bytes());
   EXPECT_EQ(smaller.stats().blocks, 2u);
   size_t files = 0;
   for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file();
@@ -186,7 +157,7 @@ TEST(DiskStore, RemovesOnlyItsOwnInterruptedWritesAtOpen) {
   const fs::path target = kvc::testing::scratch_dir() / "leftovers-target";
   std::ofstream(target) << "must survive";
   fs::create_symlink(target, dir / DiskStore::file_name(hash_of(4)));
-  DiskStore store(dir, identity(), 1 << 20);
+  DiskStore store(dir, TierCodec(identity()), 1 << 20);
   EXPECT_FALSE(fs::exists(dir / temp));
   EXPECT_TRUE(fs::exists(dir / "notes.txt"));
   EXPECT_TRUE(fs::exists(dir / DiskStore::file_name(hash_of(2))));
@@ -208,7 +179,7 @@ TEST(DiskStore, AFailedWriteLeavesNoFileAndIsCounted) {
     std::signal(SIGXFSZ, SIG_IGN);
     rlimit limit{100, 100};
     setrlimit(RLIMIT_FSIZE, &limit);
-    DiskStore store(dir, identity(), 1 << 20);
+    DiskStore store(dir, TierCodec(identity()), 1 << 20);
     const bool wrote = store.put(ns_of(1), hash_of(1), 4, payload(1));
     const DiskStoreStats st = store.stats();
     _exit(!wrote && st.write_errors == 1 && st.bytes == 0 && st.blocks == 0 ? 0 : 1);
@@ -221,7 +192,7 @@ TEST(DiskStore, AFailedWriteLeavesNoFileAndIsCounted) {
   for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file() ? 1 : 0;
   EXPECT_EQ(files, 0u);
   // A block bigger than the whole budget is refused, not written.
-  DiskStore tiny(dir, identity(), block_bytes() - 1);
+  DiskStore tiny(dir, TierCodec(identity()), block_bytes() - 1);
   EXPECT_FALSE(tiny.put(ns_of(1), hash_of(1), 4, payload(1)));
   EXPECT_EQ(tiny.stats().write_errors, 1u);
 }

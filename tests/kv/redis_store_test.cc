@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "base/error.h"
+#include "kv/tier_fixtures.h"
 #include "redis_server.h"
 
 namespace kvc::kv {
@@ -15,37 +16,7 @@ namespace {
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
-TierIdentity identity() {
-  TierIdentity id;
-  id.model_fingerprint.fill(3);
-  id.geometry.n_layers = 2;
-  id.geometry.n_kv_heads = 2;
-  id.geometry.head_dim = 8;
-  id.geometry.block_tokens = 16;
-  id.geometry.dtype = DType::F32;
-  id.k_dtype = id.v_dtype = DType::F32;
-  return id;
-}
-
-Hash256 hash_of(int i) {
-  Hash256 h{};
-  h[0] = static_cast<uint8_t>(i);
-  h[1] = static_cast<uint8_t>(i >> 8);
-  h[30] = 0x5a;
-  return h;
-}
-
-Hash256 ns_of(int i) {
-  Hash256 h{};
-  h.fill(static_cast<uint8_t>(0x40 + i));
-  return h;
-}
-
-std::vector<uint8_t> payload(int seed) {
-  std::vector<uint8_t> p(identity().geometry.bytes_per_block());
-  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<uint8_t>(seed * 13 + i * 3);
-  return p;
-}
+using namespace tier_fixtures;
 
 RedisStoreOptions options_for(const testing::RedisServer& redis) {
   RedisStoreOptions o;
@@ -90,8 +61,8 @@ TEST(RedisUrl, ParsesEveryPart) {
 TEST(RedisStore, RoundTripsBlocksUnderKeysThatRevealNothing) {
   testing::RedisServer redis;
   REQUIRE_REDIS(redis);
-  RedisStore store(identity(), options_for(redis));
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(store.put(ns_of(1), hash_of(i), 16, payload(i)));
+  RedisStore store(TierCodec(identity()), options_for(redis));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(store.put(ns_of(1), hash_of(i), 4, payload(i)));
   std::vector<uint8_t> out(payload(0).size());
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(store.get(ns_of(1), hash_of(i), out));
@@ -123,8 +94,8 @@ TEST(RedisStore, RoundTripsBlocksUnderKeysThatRevealNothing) {
 TEST(RedisStore, RefusesADamagedValueAndDeletesIt) {
   testing::RedisServer redis;
   REQUIRE_REDIS(redis);
-  RedisStore store(identity(), options_for(redis));
-  ASSERT_TRUE(store.put(ns_of(1), hash_of(1), 16, payload(1)));
+  RedisStore store(TierCodec(identity()), options_for(redis));
+  ASSERT_TRUE(store.put(ns_of(1), hash_of(1), 4, payload(1)));
   const std::string key = RedisStore::key(ns_of(1), hash_of(1));
   redisContext* c = redis.connect();
   // Flip one payload byte in place.
@@ -145,10 +116,10 @@ TEST(RedisStore, RefusesADamagedValueAndDeletesIt) {
   EXPECT_EQ(store.stats().corrupt, 2u);
   redisFree(c);
   // Another model's reader refuses the block.
-  ASSERT_TRUE(store.put(ns_of(1), hash_of(2), 16, payload(2)));
+  ASSERT_TRUE(store.put(ns_of(1), hash_of(2), 4, payload(2)));
   TierIdentity other = identity();
   other.model_fingerprint.fill(4);
-  RedisStore theirs(other, options_for(redis));
+  RedisStore theirs(TierCodec(other), options_for(redis));
   EXPECT_FALSE(theirs.get(ns_of(1), hash_of(2), out));
   EXPECT_EQ(theirs.stats().hits, 0u);
 }
@@ -163,10 +134,10 @@ TEST(RedisStore, ARedisThatIsDownFailsFastAndBacksOff) {
   o.address.port = port;
   o.timeout_ms = 100;
   o.backoff_initial_ms = 300;
-  RedisStore store(identity(), o);
+  RedisStore store(TierCodec(identity()), o);
   std::vector<uint8_t> out(payload(0).size());
   const auto t0 = Clock::now();
-  EXPECT_FALSE(store.put(ns_of(1), hash_of(1), 16, payload(1)));
+  EXPECT_FALSE(store.put(ns_of(1), hash_of(1), 4, payload(1)));
   EXPECT_FALSE(store.get(ns_of(1), hash_of(1), out));
   for (int i = 0; i < 100; ++i) EXPECT_FALSE(store.get(ns_of(1), hash_of(1), out));
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -180,18 +151,18 @@ TEST(RedisStore, ARedisThatIsDownFailsFastAndBacksOff) {
 TEST(RedisStore, RecoversAfterRedisIsKilledAndRestarted) {
   testing::RedisServer redis;
   REQUIRE_REDIS(redis);
-  RedisStore store(identity(), options_for(redis));
-  ASSERT_TRUE(store.put(ns_of(1), hash_of(1), 16, payload(1)));
+  RedisStore store(TierCodec(identity()), options_for(redis));
+  ASSERT_TRUE(store.put(ns_of(1), hash_of(1), 4, payload(1)));
   redis.kill();
   std::vector<uint8_t> out(payload(1).size());
   EXPECT_FALSE(store.get(ns_of(1), hash_of(1), out));
-  EXPECT_FALSE(store.put(ns_of(1), hash_of(2), 16, payload(2)));
+  EXPECT_FALSE(store.put(ns_of(1), hash_of(2), 4, payload(2)));
   EXPECT_GE(store.stats().errors, 2u);
   ASSERT_TRUE(redis.restart());
   // Within the backoff (at most 400 ms here) the store is back; the restarted Redis is empty.
   bool back = false;
   for (int i = 0; i < 100 && !back; ++i) {
-    back = store.put(ns_of(1), hash_of(3), 16, payload(3));
+    back = store.put(ns_of(1), hash_of(3), 4, payload(3));
     if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ASSERT_TRUE(back);
@@ -208,12 +179,15 @@ TEST(RedisStore, RecoversAfterRedisIsKilledAndRestarted) {
 TEST(RedisStore, MaxmemoryEvictionIsAMissNotAnError) {
   testing::RedisServer redis({"--maxmemory", "3mb", "--maxmemory-policy", "allkeys-lru"});
   REQUIRE_REDIS(redis);
-  RedisStore store(identity(), options_for(redis));
-  // 400 blocks of 8 KiB: far more than 3 MB.
-  for (int i = 0; i < 400; ++i) ASSERT_TRUE(store.put(ns_of(1), hash_of(i), 16, payload(i)));
+  RedisStore store(TierCodec(identity()), options_for(redis));
+  // 6,000 blocks of 704 bytes (and key overhead): far more than 3 MB.
+  constexpr int kBlocks = 6000;
+  for (int i = 0; i < kBlocks; ++i) {
+    ASSERT_TRUE(store.put(ns_of(1), hash_of(i), 4, payload(i)));
+  }
   std::vector<uint8_t> out(payload(0).size());
   size_t hits = 0;
-  for (int i = 0; i < 400; ++i) {
+  for (int i = 0; i < kBlocks; ++i) {
     if (store.get(ns_of(1), hash_of(i), out)) {
       ++hits;
       EXPECT_EQ(out, payload(i));
@@ -221,8 +195,8 @@ TEST(RedisStore, MaxmemoryEvictionIsAMissNotAnError) {
   }
   const RedisStoreStats st = store.stats();
   EXPECT_GT(hits, 0u);
-  EXPECT_LT(hits, 400u);
-  EXPECT_EQ(st.misses, 400u - hits);
+  EXPECT_LT(hits, size_t{kBlocks});
+  EXPECT_EQ(st.misses, kBlocks - hits);
   EXPECT_EQ(st.errors, 0u);
   EXPECT_EQ(st.corrupt, 0u);
 }

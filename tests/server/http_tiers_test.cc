@@ -14,9 +14,9 @@ namespace {
 engine::EngineOptions tiered(const std::string& redis_url, const std::string& disk) {
   engine::EngineOptions eo = TestServer::default_engine();
   eo.block_tokens = 16;
-  eo.kv_redis_url = redis_url;
-  eo.kv_redis_timeout_ms = 200;
-  eo.kv_disk_dir = disk;
+  eo.kv_tiers.redis_url = redis_url;
+  eo.kv_tiers.redis_timeout_ms = 200;
+  eo.kv_tiers.disk_dir = disk;
   return eo;
 }
 
