@@ -66,6 +66,10 @@ Engine::Engine(const model::LlamaModel& model, const model::Tokenizer& tokenizer
   const int threads =
       options_.threads > 0 ? options_.threads : std::max(1u, std::thread::hardware_concurrency());
   threads_ = std::make_unique<ThreadPool>(threads);
+  {
+    MutexLock lock(state_mu_);
+    if (kv_->has_tiers()) calibrate_costs();
+  }
   waker_ = std::make_shared<Waker>();
   {
     MutexLock lock(waker_->mu);
@@ -73,6 +77,36 @@ Engine::Engine(const model::LlamaModel& model, const model::Tokenizer& tokenizer
   }
   publish_stats();
   thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::calibrate_costs() {
+  // Prefills of a scratch sequence in chunks of a few blocks, up to a quarter of the context
+  // or half a second: each chunk is one pass for the cost model. The blocks are never indexed,
+  // so nothing of it can be a cache hit.
+  const size_t bt = geometry_.block_tokens;
+  const size_t chunk = 4 * bt;
+  const size_t limit =
+      std::min<size_t>(static_cast<size_t>(model_.config().context_length) / 4, 64 * bt);
+  kv::BlockTable table(*pool_, kv_.get());
+  std::vector<model::BatchRow> rows;
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t at = 0; at + chunk <= std::max(limit, chunk); at += chunk) {
+    if (!table.reserve(at + chunk)) break;
+    rows.clear();
+    double position_sum = 0;
+    for (size_t i = at; i < at + chunk; ++i) {
+      rows.push_back(
+          {static_cast<int32_t>((i * 7919) % static_cast<size_t>(model_.config().n_vocab)),
+           static_cast<int32_t>(i), &table, i + 1 == at + chunk});
+      position_sum += static_cast<double>(i);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    model_.forward(*threads_, *pool_, rows, scratch_);
+    const auto t1 = std::chrono::steady_clock::now();
+    kv_->cost_model().observe_pass(rows.size(), position_sum,
+                                   std::chrono::duration<double, std::milli>(t1 - t0).count());
+    if (t1 - start > std::chrono::milliseconds(500)) break;
+  }
 }
 
 Engine::~Engine() {
@@ -355,9 +389,16 @@ bool Engine::step() {
   // The forward pass runs unlocked: it reads and writes only blocks the planned sequences hold,
   // which no cache operation can free or change.
   if (options_.before_forward) options_.before_forward();
+  const auto forward_start = std::chrono::steady_clock::now();
   const std::span<const float> logits = model_.forward(*threads_, *pool_, rows, scratch_);
+  const double forward_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - forward_start)
+          .count();
   {
     MutexLock lock(state_mu_);
+    double position_sum = 0;
+    for (const model::BatchRow& r : rows) position_sum += r.pos;
+    kv_->cost_model().observe_pass(rows.size(), position_sum, forward_ms);
     const size_t vocab = model_.config().n_vocab;
     size_t k = 0;
     for (auto& [s, n] : plan.rows) {

@@ -135,6 +135,8 @@ class Engine {
   void publish_stats() REQUIRES(state_mu_);
   size_t scheduler_running() const;
   void wake() EXCLUDES(intake_mu_);
+  // Times a few prefill passes of a scratch sequence for the tiers' cost model (start-up).
+  void calibrate_costs() REQUIRES(state_mu_);
 
   const model::LlamaModel& model_;
   const model::Tokenizer& tokenizer_;

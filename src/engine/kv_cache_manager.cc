@@ -1,6 +1,9 @@
 #include "engine/kv_cache_manager.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <chrono>
 
 #include "base/error.h"
 
@@ -8,11 +11,21 @@ namespace kvc::engine {
 
 KvCacheManager::KvCacheManager(const kv::KvGeometry& geometry, uint64_t memory_bytes,
                                const KvCacheOptions& options, kv::Clock clock)
-    : options_(options) {
+    : options_(options),
+      // Until a load is measured: a local file read at about 1 GB/s, a network round trip and
+      // about 200 MB/s for Redis.
+      cost_(static_cast<size_t>(geometry.block_tokens),
+            {0.05 + static_cast<double>(geometry.bytes_per_block()) / 1e6,
+             0.3 + static_cast<double>(geometry.bytes_per_block()) / 2e5}) {
   pool_ = std::make_unique<kv::BlockPool>(geometry, memory_bytes);
+  const TierOptions& t = options_.tiers;
+  const bool tiered = options_.prefix_cache && (!t.disk_dir.empty() || !t.redis_url.empty());
   kv::PrefixIndexOptions io;
   io.enabled = options_.prefix_cache;
   io.partial_reuse = options_.partial_reuse;
+  if (tiered && t.policy == TierPolicy::kCostModel) {
+    io.block_value = [this](const kv::BlockFacts& f) { return block_value(f); };
+  }
   index_ = std::make_unique<kv::PrefixIndex>(*pool_, io, std::move(clock));
   tenant_cap_ = options_.tenant_pinned_max_blocks > 0
                     ? options_.tenant_pinned_max_blocks
@@ -25,7 +38,6 @@ KvCacheManager::KvCacheManager(const kv::KvGeometry& geometry, uint64_t memory_b
   const uint64_t queue_bytes =
       std::max<uint64_t>(geometry.bytes_per_block(),
                          std::min<uint64_t>(uint64_t{64} << 20, 256 * geometry.bytes_per_block()));
-  const TierOptions& t = options_.tiers;
   if (!t.redis_url.empty() && options_.prefix_cache) {
     kv::RedisStoreOptions ro;
     ro.address = kv::parse_redis_url(t.redis_url);
@@ -48,6 +60,19 @@ KvCacheManager::KvCacheManager(const kv::KvGeometry& geometry, uint64_t memory_b
         },
         queue_bytes);
   }
+}
+
+double KvCacheManager::block_value(const kv::BlockFacts& f) const {
+  double next_best = cost_.recompute_ms(f.depth_tokens);
+  if (disk_ && disk_->contains(f.hash)) next_best = std::min(next_best, cost_.load_ms(Tier::kDisk));
+  return cost_.pool_value(f, next_best);
+}
+
+bool KvCacheManager::store_in(Tier tier, size_t depth_tokens) {
+  const bool store =
+      options_.tiers.policy == TierPolicy::kKeepAll || cost_.worth_storing(tier, depth_tokens);
+  cost_.count(tier, store ? TierDecision::kStored : TierDecision::kDroppedCheap);
+  return store;
 }
 
 uint64_t KvCacheManager::version() const {
@@ -101,10 +126,10 @@ void KvCacheManager::seal(Sequence& s, bool final) {
   const auto tokens = static_cast<uint32_t>(pool_->geometry().block_tokens);
   for (const kv::IndexedBlock& b : added) {
     const uint8_t* data = pool_->data(b.block);
-    if (disk_writer_ && !disk_->contains(b.hash)) {
+    if (disk_writer_ && !disk_->contains(b.hash) && store_in(Tier::kDisk, b.first_token)) {
       disk_writer_->offer({s.req.ns, b.hash, tokens, std::vector<uint8_t>(data, data + bytes)});
     }
-    if (redis_writer_) {
+    if (redis_writer_ && store_in(Tier::kRedis, b.first_token)) {
       redis_writer_->offer({s.req.ns, b.hash, tokens, std::vector<uint8_t>(data, data + bytes)});
     }
   }
@@ -131,6 +156,30 @@ void KvCacheManager::load_from_tiers(Sequence& s) {
     in_redis = redis_->present_prefix(s.req.ns, std::span(wanted).subspan(on_disk));
   }
   if (on_disk + in_redis == 0) return;
+  // Load a tier's run only when that is faster than recomputing it; a run not loaded ends
+  // the chain there.
+  const auto faster_to_load = [&](Tier tier, size_t from, size_t n) {
+    if (n == 0 || options_.tiers.policy == TierPolicy::kKeepAll) return true;
+    double recompute = 0;
+    for (size_t i = from; i < from + n; ++i) recompute += cost_.recompute_ms(i * bt);
+    const double load = static_cast<double>(n) * cost_.load_ms(tier);
+    if (load < recompute) return true;
+    s.stats.tier_note = fmt::format(
+        "recomputed {} blocks held by the {} tier: {:.3f} ms to recompute, {:.3f} ms to load", n,
+        tier_name(tier), recompute, load);
+    return false;
+  };
+  if (!faster_to_load(Tier::kDisk, first, on_disk)) {
+    for (size_t i = 0; i < on_disk; ++i) cost_.count(Tier::kDisk, TierDecision::kRecomputedFaster);
+    return;
+  }
+  if (!faster_to_load(Tier::kRedis, first + on_disk, in_redis)) {
+    for (size_t i = 0; i < in_redis; ++i) {
+      cost_.count(Tier::kRedis, TierDecision::kRecomputedFaster);
+    }
+    in_redis = 0;
+    if (on_disk == 0) return;
+  }
   // A table sharing the in-pool prefix, extended by blocks read from the tiers, then indexed:
   // the loaded blocks become ordinary cached blocks.
   kv::BlockTable table(*pool_, this);
@@ -143,11 +192,18 @@ void KvCacheManager::load_from_tiers(Sequence& s) {
     const kv::BlockId id = table.blocks()[first + loaded];
     const std::span<uint8_t> out(pool_->data(id), bytes);
     const kv::Hash256& hash = wanted[loaded];
-    if (loaded < on_disk) {
-      if (!disk_->get(s.req.ns, hash, out)) break;
+    const Tier tier = loaded < on_disk ? Tier::kDisk : Tier::kRedis;
+    const auto start = std::chrono::steady_clock::now();
+    const bool ok =
+        tier == Tier::kDisk ? disk_->get(s.req.ns, hash, out) : redis_->get(s.req.ns, hash, out);
+    if (!ok) break;
+    cost_.observe_load(
+        tier, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                  .count());
+    cost_.count(tier, TierDecision::kLoaded);
+    if (tier == Tier::kDisk) {
       ++from_disk;
     } else {
-      if (!redis_->get(s.req.ns, hash, out)) break;
       ++from_redis;
       // Kept on the local disk too, so the next hit does not cross the network.
       if (disk_writer_) {
@@ -176,6 +232,13 @@ TierCounts KvCacheManager::tier_counts() const {
   if (redis_writer_) t.redis_writes = redis_writer_->stats();
   t.disk_loaded_blocks = disk_loaded_blocks_;
   t.redis_loaded_blocks = redis_loaded_blocks_;
+  t.policy = options_.tiers.policy;
+  t.cost = cost_.snapshot();
+  for (size_t i = 0; i < kTierCount; ++i) {
+    for (size_t d = 0; d < kTierDecisionCount; ++d) {
+      t.decisions[i][d] = cost_.decisions(static_cast<Tier>(i), static_cast<TierDecision>(d));
+    }
+  }
   return t;
 }
 

@@ -11,6 +11,7 @@
 // under the engine's state mutex.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -18,6 +19,7 @@
 #include <span>
 #include <string>
 
+#include "engine/cost_model.h"
 #include "engine/sequence.h"
 #include "kv/block_pool.h"
 #include "kv/block_source.h"
@@ -42,6 +44,7 @@ struct TierOptions {
   kv::TierCompression redis_compression = kv::TierCompression::kNone;
   // Encrypts (and requires encrypted) blocks in both tiers.
   std::optional<kv::TierKey> key;
+  TierPolicy policy = TierPolicy::kCostModel;
 };
 
 struct KvCacheOptions {
@@ -66,6 +69,10 @@ struct TierCounts {
   kv::TierWriteStats redis_writes;
   uint64_t disk_loaded_blocks = 0;  // blocks loaded into the pool from each tier
   uint64_t redis_loaded_blocks = 0;
+  TierPolicy policy = TierPolicy::kCostModel;
+  CostModelSnapshot cost;
+  // decisions[tier][decision], counted by the cost model.
+  std::array<std::array<uint64_t, kTierDecisionCount>, kTierCount> decisions{};
 };
 
 struct KvCacheCounts {
@@ -122,6 +129,11 @@ class KvCacheManager : public kv::BlockSource {
   size_t flush_tiers();
   // Waits until every block offered to the lower tiers has been written (tests, shutdown).
   void drain_tiers();
+  // True when a disk or Redis tier is configured.
+  bool has_tiers() const { return disk_ || redis_; }
+  // The tiers' cost model (the engine feeds it the time of its forward passes).
+  CostModel& cost_model() { return cost_; }
+  const CostModel& cost_model() const { return cost_; }
   kv::NamespaceStats namespace_stats(const kv::Hash256& ns) const;
   const kv::BlockPool& pool() const { return *pool_; }
   kv::BlockPool& pool() { return *pool_; }
@@ -139,6 +151,10 @@ class KvCacheManager : public kv::BlockSource {
   // Loads the blocks of s's prompt that follow its in-pool prefix from the lower tiers into the
   // pool and the index, as far as they are stored there in an unbroken chain.
   void load_from_tiers(Sequence& s);
+  // The value of keeping a cached block in the pool (the cost model's eviction order).
+  double block_value(const kv::BlockFacts& f) const;
+  // Whether the seal of a block at depth_tokens should store it in tier (and counts why).
+  bool store_in(Tier tier, size_t depth_tokens);
   // Pinned blocks ns may still add.
   size_t tenant_allowance(const kv::Hash256& ns) const;
 
@@ -154,6 +170,7 @@ class KvCacheManager : public kv::BlockSource {
   std::unique_ptr<kv::TierWriteQueue> redis_writer_;
   uint64_t disk_loaded_blocks_ = 0;
   uint64_t redis_loaded_blocks_ = 0;
+  CostModel cost_;
 };
 
 }  // namespace kvc::engine

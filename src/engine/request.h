@@ -66,6 +66,8 @@ struct RequestStats {
   size_t cached_tokens = 0;  // at the first admission
   size_t disk_tokens = 0;    // of those, tokens whose blocks were loaded from the disk tier
   size_t redis_tokens = 0;   // and from the Redis tier
+  // Why blocks stored in a tier were recomputed instead of loaded (empty when none were).
+  std::string tier_note;
   size_t generated_tokens = 0;
   kv::MissReason miss;
   int preemptions = 0;

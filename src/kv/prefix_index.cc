@@ -77,6 +77,10 @@ struct PrefixIndex::Node {
   Hash256 hash{};
   std::map<std::vector<int32_t>, std::unique_ptr<Node>, TokensLess> children;
   uint64_t last_access = 0;
+  uint32_t depth = 0;  // blocks from the root, the root being 0
+  uint32_t hits = 0;   // times a match reused it
+  double created_ms = 0;
+  double used_ms = 0;
   std::vector<std::pair<uint64_t, double>> pins;  // (lease, expiry) of the leases covering it
   bool in_lru = false;
   bool partial = false;
@@ -234,6 +238,8 @@ PrefixMatch PrefixIndex::match(const Hash256& ns, std::span<const int32_t> token
     m.shared_unreferenced += pool_.ref_count(n->block) == 0;
     table.append_shared(n->block);
     touch(n);
+    ++n->hits;
+    n->used_ms = clock_();
   }
   m.shared_blocks = w.path.size();
   m.cached_tokens = w.full_tokens;
@@ -274,6 +280,8 @@ PrefixIndex::Node* PrefixIndex::add_child(Space& sp, Node& parent, std::vector<i
   n->partial = key.size() < static_cast<size_t>(pool_.geometry().block_tokens);
   n->hash = chain_hash(sp.ns, parent.hash, key);
   n->tokens = key;
+  n->depth = parent.depth + 1;
+  n->created_ms = n->used_ms = clock_();
   if (parent.children.empty() && parent.parent != nullptr) lru_remove(&parent);
   parent.children.emplace(std::move(key), std::move(node));
   node_of_block_[block] = n;
@@ -382,10 +390,35 @@ void PrefixIndex::remove_leaf(Node* n, MissKind why) {
   if (parent->children.empty() && parent->parent != nullptr) lru_add(parent);
 }
 
+PrefixIndex::Node* PrefixIndex::victim(bool ignore_pins) const {
+  if (!options_.block_value) return oldest_evictable(nullptr, ignore_pins);
+  Node* best = nullptr;
+  double best_value = 0;
+  size_t seen = 0;
+  const double now = clock_();
+  const auto bt = static_cast<size_t>(pool_.geometry().block_tokens);
+  for (const auto& [access, n] : lru_) {
+    if (!evictable(*n, ignore_pins)) continue;
+    BlockFacts f;
+    f.hash = n->hash;
+    f.depth_tokens = (n->depth - 1) * bt;
+    f.hits = n->hits;
+    f.age_ms = now - n->created_ms;
+    f.idle_ms = now - n->used_ms;
+    const double v = options_.block_value(f);
+    if (best == nullptr || v < best_value) {
+      best = n;
+      best_value = v;
+    }
+    if (++seen == options_.value_sample) break;
+  }
+  return best;
+}
+
 size_t PrefixIndex::evict(size_t n, bool ignore_pins) {
   size_t done = 0;
   while (done < n) {
-    Node* victim = oldest_evictable(nullptr, ignore_pins);
+    Node* victim = this->victim(ignore_pins);
     if (victim == nullptr) break;
     const Space* sp = victim->space;
     remove_leaf(victim, MissKind::kEvicted);

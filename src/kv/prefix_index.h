@@ -73,10 +73,23 @@ struct PinLease {
   size_t tokens = 0;  // tokens of the prefix whose blocks the lease covers
 };
 
+// What the index knows of a cached block, for a policy that values blocks.
+struct BlockFacts {
+  Hash256 hash{};           // its chained hash
+  size_t depth_tokens = 0;  // tokens before the block
+  uint32_t hits = 0;        // times a request reused it
+  double age_ms = 0;        // since it was computed
+  double idle_ms = 0;       // since it was last used
+};
+
 struct PrefixIndexOptions {
   bool enabled = true;
   bool partial_reuse = true;  // copy the matching part of a partly matching cached block
   size_t ledger_capacity = size_t{1} << 16;  // evicted-block hashes remembered for reasons
+  // When set, eviction takes the block of least value among the value_sample least recently
+  // used evictable ones (a sampled policy, as Redis approximates LRU), instead of the oldest.
+  std::function<double(const BlockFacts&)> block_value{};
+  size_t value_sample = 8;
 };
 
 struct PrefixIndexStats {
@@ -135,8 +148,8 @@ class PrefixIndex : public BlockSource {
   // Caps the blocks ns may keep cached (0: no cap).
   void set_quota(const Hash256& ns, size_t max_blocks);
 
-  // Evicts up to n unreferenced leaf blocks, least recently used first, skipping pinned ones
-  // unless ignore_pins (the last resort when nothing else can make room).
+  // Evicts up to n unreferenced leaf blocks, least recently used (or least valuable) first,
+  // skipping pinned ones unless ignore_pins (the last resort when nothing else can make room).
   size_t evict(size_t n, bool ignore_pins = false);
   // Evicts every unreferenced block, pinned or not; returns how many.
   size_t flush();
@@ -177,6 +190,8 @@ class PrefixIndex : public BlockSource {
   bool make_room(Space& sp, const Node* keep);
   bool evictable(const Node& n, bool ignore_pins) const;
   Node* oldest_evictable(const Space* only, bool ignore_pins, const Node* keep = nullptr) const;
+  // The eviction victim: the oldest evictable block, or the least valuable of a sample.
+  Node* victim(bool ignore_pins) const;
   void remove_leaf(Node* n, MissKind why);
   void touch(Node* n);
   void lru_add(Node* n);

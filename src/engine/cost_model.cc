@@ -1,0 +1,142 @@
+#include "engine/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace kvc::engine {
+namespace {
+
+constexpr double kForget = 0.98;        // weight of a pass falls by a half every ~34 passes
+constexpr double kLoadSmoothing = 0.2;  // weight of the newest load in the running average
+constexpr double kPositionScale = 1024;
+
+// Solves the 3x3 system m x = y by Gaussian elimination with partial pivoting; false when it
+// is (nearly) singular.
+bool solve3(std::array<std::array<double, 3>, 3> m, std::array<double, 3> y,
+            std::array<double, 3>& x) {
+  for (int c = 0; c < 3; ++c) {
+    int p = c;
+    for (int r = c + 1; r < 3; ++r) {
+      if (std::fabs(m[r][c]) > std::fabs(m[p][c])) p = r;
+    }
+    if (std::fabs(m[p][c]) < 1e-12) return false;
+    std::swap(m[p], m[c]);
+    std::swap(y[p], y[c]);
+    for (int r = c + 1; r < 3; ++r) {
+      const double f = m[r][c] / m[c][c];
+      for (int k = c; k < 3; ++k) m[r][k] -= f * m[c][k];
+      y[r] -= f * y[c];
+    }
+  }
+  for (int c = 2; c >= 0; --c) {
+    double v = y[c];
+    for (int k = c + 1; k < 3; ++k) v -= m[c][k] * x[k];
+    x[c] = v / m[c][c];
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string_view tier_name(Tier t) {
+  return t == Tier::kDisk ? "disk" : "redis";
+}
+
+std::string_view tier_decision_name(TierDecision d) {
+  switch (d) {
+    case TierDecision::kStored:
+      return "stored";
+    case TierDecision::kDroppedCheap:
+      return "dropped_recompute_cheaper";
+    case TierDecision::kLoaded:
+      return "loaded";
+    case TierDecision::kRecomputedFaster:
+      return "recomputed_faster";
+  }
+  return "unknown";
+}
+
+CostModel::CostModel(size_t block_tokens, std::array<double, kTierCount> load_prior_ms)
+    : block_tokens_(std::max<size_t>(1, block_tokens)), load_ms_(load_prior_ms) {}
+
+void CostModel::observe_pass(size_t tokens, double position_sum, double ms) {
+  if (tokens == 0 || !(ms >= 0)) return;
+  const std::array<double, 3> x = {1.0, static_cast<double>(tokens), position_sum / kPositionScale};
+  for (auto& row : xtx_) {
+    for (double& v : row) v *= kForget;
+  }
+  for (double& v : xty_) v *= kForget;
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j < 3; ++j) xtx_[i][j] += x[i] * x[j];
+    xty_[i] += x[i] * ms;
+  }
+  ++passes_;
+  refit();
+}
+
+void CostModel::refit() {
+  std::array<double, 3> coef{};
+  // A small ridge keeps the fit defined while the passes seen so far are all alike.
+  auto m = xtx_;
+  for (int i = 0; i < 3; ++i) m[i][i] += 1e-9 * (1 + m[i][i]);
+  if (solve3(m, xty_, coef) && coef[1] >= 0 && coef[2] >= 0 && coef[0] >= 0) {
+    pass_ms_ = coef[0];
+    token_ms_ = coef[1];
+    depth_ms_ = coef[2] / kPositionScale;
+    return;
+  }
+  // Degenerate or negative: the whole time per token, no depth term (an over-estimate of
+  // recompute, which errs towards keeping blocks).
+  pass_ms_ = 0;
+  depth_ms_ = 0;
+  token_ms_ = xtx_[0][1] > 0 ? xty_[0] / xtx_[0][1] : 0;
+}
+
+void CostModel::observe_load(Tier tier, double ms) {
+  const auto t = static_cast<size_t>(tier);
+  load_ms_[t] = loads_[t] == 0 ? ms : (1 - kLoadSmoothing) * load_ms_[t] + kLoadSmoothing * ms;
+  ++loads_[t];
+}
+
+double CostModel::recompute_ms(size_t depth_tokens) const {
+  if (passes_ == 0) return std::numeric_limits<double>::infinity();  // unknown: assume dear
+  const auto b = static_cast<double>(block_tokens_);
+  const auto d = static_cast<double>(depth_tokens);
+  return token_ms_ * b + depth_ms_ * (b * d + b * (b - 1) / 2);
+}
+
+bool CostModel::worth_storing(Tier tier, size_t depth_tokens) const {
+  return recompute_ms(depth_tokens) > load_ms(tier);
+}
+
+double CostModel::reuse_per_second(const kv::BlockFacts& b) {
+  const double age_s = std::max(1.0, b.age_ms / 1000.0);
+  const double uses = b.hits + 1.0;
+  const double rate = uses / age_s;
+  // The longer it has been idle compared with its usual interval, the less likely it returns.
+  return rate / (1.0 + (b.idle_ms / 1000.0) * rate);
+}
+
+double CostModel::pool_value(const kv::BlockFacts& b, double next_best_ms) const {
+  return reuse_per_second(b) * next_best_ms;
+}
+
+double CostModel::break_even_reuse(Tier tier, size_t depth_tokens) const {
+  const double saving = recompute_ms(depth_tokens) - load_ms(tier);
+  if (saving <= 0) return std::numeric_limits<double>::infinity();
+  return load_ms(tier) / saving;
+}
+
+CostModelSnapshot CostModel::snapshot() const {
+  CostModelSnapshot s;
+  s.pass_ms = pass_ms_;
+  s.token_ms = token_ms_;
+  s.depth_ms = depth_ms_;
+  s.passes = passes_;
+  s.load_ms = load_ms_;
+  s.loads = loads_;
+  return s;
+}
+
+}  // namespace kvc::engine

@@ -1,0 +1,103 @@
+// The cost model of the KV tiers: what a block costs to recompute (measured from the engine's
+// own forward passes) and to load from each tier (measured on every load), what it is worth
+// keeping (its reuse rate times what a hit saves), and the decisions that follow: which block
+// the pool evicts, whether a block is worth storing in a tier, and whether a tier hit is loaded
+// or recomputed.
+//
+// Recompute: a prefill pass of T new tokens at positions p costs about c + a*T + b*sum(p)
+// milliseconds (weights are read once per pass; attention grows with the context before each
+// token). The three coefficients are fitted by least squares over the engine's passes of at
+// least one block, older passes weighing less; a block of B tokens at depth d then costs
+// a*B + b*(B*d + B*(B-1)/2), its share of a pass.
+//
+// Thread-safety: none; the KV cache manager and the engine use it under the engine's state
+// mutex.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kv/prefix_index.h"
+
+namespace kvc::engine {
+
+enum class Tier : uint8_t { kDisk, kRedis };
+inline constexpr size_t kTierCount = 2;
+std::string_view tier_name(Tier t);
+
+// Why a block went (or did not go) where it did.
+enum class TierDecision : uint8_t {
+  kStored,            // written to the tier: a hit there saves time
+  kDroppedCheap,      // not written: recomputing it is faster than loading it
+  kLoaded,            // a hit in the tier, loaded into the pool
+  kRecomputedFaster,  // a hit in the tier, recomputed because that was faster
+};
+inline constexpr size_t kTierDecisionCount = 4;
+std::string_view tier_decision_name(TierDecision d);
+
+// How blocks move between the pool and the tiers.
+enum class TierPolicy : uint8_t {
+  kCostModel,  // store, load and evict by measured value
+  kKeepAll,    // store every block, load every hit, evict the least recently used
+};
+
+struct CostModelSnapshot {
+  double pass_ms = 0, token_ms = 0, depth_ms = 0;  // c, a, b above
+  uint64_t passes = 0;                             // passes fitted
+  std::array<double, kTierCount> load_ms{};        // per block
+  std::array<uint64_t, kTierCount> loads{};        // loads measured
+};
+
+class CostModel {
+ public:
+  // block_tokens: tokens per block; load_prior_ms: each tier's load time per block until one is
+  // measured.
+  CostModel(size_t block_tokens, std::array<double, kTierCount> load_prior_ms);
+
+  // One forward pass: tokens rows whose positions sum to position_sum, taking ms.
+  void observe_pass(size_t tokens, double position_sum, double ms);
+  // One block loaded from tier in ms.
+  void observe_load(Tier tier, double ms);
+
+  // Milliseconds to recompute the block that starts at depth_tokens.
+  double recompute_ms(size_t depth_tokens) const;
+  double load_ms(Tier tier) const { return load_ms_[static_cast<size_t>(tier)]; }
+  // Whether storing the block at depth_tokens in tier can ever pay (a hit loads faster than
+  // it recomputes).
+  bool worth_storing(Tier tier, size_t depth_tokens) const;
+  // Expected reuses per second of a block (frequency of its hits, discounted by its idleness).
+  static double reuse_per_second(const kv::BlockFacts& b);
+  // The value of keeping a block in the pool, in milliseconds saved per second: its reuse
+  // rate times what a hit saves over its next best source (a tier holding it, or recompute).
+  double pool_value(const kv::BlockFacts& b, double next_best_ms) const;
+  // The reuse probability above which storing a block at depth_tokens in tier pays: the cost
+  // of writing it (taken as one load) over what a hit saves; > 1 when it never pays.
+  double break_even_reuse(Tier tier, size_t depth_tokens) const;
+
+  void count(Tier tier, TierDecision d) {
+    ++decisions_[static_cast<size_t>(tier)][static_cast<size_t>(d)];
+  }
+  uint64_t decisions(Tier tier, TierDecision d) const {
+    return decisions_[static_cast<size_t>(tier)][static_cast<size_t>(d)];
+  }
+  CostModelSnapshot snapshot() const;
+  size_t block_tokens() const { return block_tokens_; }
+
+ private:
+  void refit();
+
+  const size_t block_tokens_;
+  // Weighted sums of the normal equations over features (1, tokens, position_sum).
+  std::array<std::array<double, 3>, 3> xtx_{};
+  std::array<double, 3> xty_{};
+  double pass_ms_ = 0, token_ms_ = 0, depth_ms_ = 0;
+  uint64_t passes_ = 0;
+  std::array<double, kTierCount> load_ms_;
+  std::array<uint64_t, kTierCount> loads_{};
+  std::array<std::array<uint64_t, kTierDecisionCount>, kTierCount> decisions_{};
+};
+
+}  // namespace kvc::engine
