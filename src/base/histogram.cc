@@ -31,6 +31,10 @@ std::vector<double> Histogram::latency_ms_bounds() {
   return {1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000};
 }
 
+std::vector<double> Histogram::fast_latency_ms_bounds() {
+  return {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000};
+}
+
 double quantile(std::vector<double> values, double q) {
   if (values.empty()) return 0.0;
   std::sort(values.begin(), values.end());

@@ -25,6 +25,8 @@ class Histogram {
 
   // Latency buckets in milliseconds from 1 ms to about 100 s.
   static std::vector<double> latency_ms_bounds();
+  // Finer buckets, in milliseconds from 10 us to 1 s, for block loads.
+  static std::vector<double> fast_latency_ms_bounds();
 
  private:
   mutable Mutex mu_;

@@ -80,13 +80,26 @@ void CostModel::refit() {
   // A small ridge keeps the fit defined while the passes seen so far are all alike.
   auto m = xtx_;
   for (int i = 0; i < 3; ++i) m[i][i] += 1e-9 * (1 + m[i][i]);
-  if (solve3(m, xty_, coef) && coef[1] >= 0 && coef[2] >= 0 && coef[0] >= 0) {
+  if (solve3(m, xty_, coef) && coef[0] >= 0 && coef[1] >= 0 && coef[2] >= 0) {
     pass_ms_ = coef[0];
     token_ms_ = coef[1];
     depth_ms_ = coef[2] / kPositionScale;
     return;
   }
-  // Degenerate or negative: the whole time per token, no depth term (an over-estimate of
+  // A negative coefficient means noise swamps that term (the depth term on a short context):
+  // fit the other two alone.
+  const double det = m[0][0] * m[1][1] - m[0][1] * m[1][0];
+  if (std::fabs(det) > 1e-12) {
+    const double c = (xty_[0] * m[1][1] - m[0][1] * xty_[1]) / det;
+    const double a = (m[0][0] * xty_[1] - m[1][0] * xty_[0]) / det;
+    if (c >= 0 && a >= 0) {
+      pass_ms_ = c;
+      token_ms_ = a;
+      depth_ms_ = 0;
+      return;
+    }
+  }
+  // Otherwise the whole time per token, no fixed or depth term (an over-estimate of
   // recompute, which errs towards keeping blocks).
   pass_ms_ = 0;
   depth_ms_ = 0;

@@ -197,9 +197,10 @@ void KvCacheManager::load_from_tiers(Sequence& s) {
     const bool ok =
         tier == Tier::kDisk ? disk_->get(s.req.ns, hash, out) : redis_->get(s.req.ns, hash, out);
     if (!ok) break;
-    cost_.observe_load(
-        tier, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                  .count());
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    cost_.observe_load(tier, ms);
+    load_ms_[static_cast<size_t>(tier)].observe(ms);
     cost_.count(tier, TierDecision::kLoaded);
     if (tier == Tier::kDisk) {
       ++from_disk;
@@ -234,6 +235,8 @@ TierCounts KvCacheManager::tier_counts() const {
   t.redis_loaded_blocks = redis_loaded_blocks_;
   t.policy = options_.tiers.policy;
   t.cost = cost_.snapshot();
+  t.block_tokens = cost_.block_tokens();
+  for (size_t i = 0; i < kTierCount; ++i) t.load_ms[i] = load_ms_[i].snapshot();
   for (size_t i = 0; i < kTierCount; ++i) {
     for (size_t d = 0; d < kTierDecisionCount; ++d) {
       t.decisions[i][d] = cost_.decisions(static_cast<Tier>(i), static_cast<TierDecision>(d));

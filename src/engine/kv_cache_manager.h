@@ -19,6 +19,7 @@
 #include <span>
 #include <string>
 
+#include "base/histogram.h"
 #include "engine/cost_model.h"
 #include "engine/sequence.h"
 #include "kv/block_pool.h"
@@ -71,6 +72,8 @@ struct TierCounts {
   uint64_t redis_loaded_blocks = 0;
   TierPolicy policy = TierPolicy::kCostModel;
   CostModelSnapshot cost;
+  std::array<Histogram::Snapshot, kTierCount> load_ms;  // per tier, of each block loaded
+  size_t block_tokens = 0;
   // decisions[tier][decision], counted by the cost model.
   std::array<std::array<uint64_t, kTierDecisionCount>, kTierCount> decisions{};
 };
@@ -171,6 +174,8 @@ class KvCacheManager : public kv::BlockSource {
   uint64_t disk_loaded_blocks_ = 0;
   uint64_t redis_loaded_blocks_ = 0;
   CostModel cost_;
+  std::array<Histogram, kTierCount> load_ms_{Histogram(Histogram::fast_latency_ms_bounds()),
+                                             Histogram(Histogram::fast_latency_ms_bounds())};
 };
 
 }  // namespace kvc::engine

@@ -254,6 +254,8 @@ PrefixMatch PrefixIndex::match(const Hash256& ns, std::span<const int32_t> token
       m.copied_tokens = w.partial_tokens;
       m.cached_tokens += w.partial_tokens;
       touch(w.partial);
+      ++w.partial->hits;  // a copy reuses it too
+      w.partial->used_ms = clock_();
     } else {
       m.miss = {MissKind::kPartialBlock, m.cached_tokens, 0};
     }

@@ -197,6 +197,40 @@ std::string render_metrics(const engine::Engine& engine, const std::string& mode
       p.family("kvcache_tier_disk_bytes", "gauge", "Bytes of block files in the disk tier.");
       p.sample("kvcache_tier_disk_bytes", {}, d(t.disk_store.bytes));
     }
+    p.family("kvcache_tier_decisions_total", "counter",
+             "The cost model's decisions per tier: blocks stored, dropped because recomputing "
+             "is faster than loading, hits loaded, hits recomputed because that was faster.");
+    for (size_t i = 0; i < engine::kTierCount; ++i) {
+      const auto tier = static_cast<engine::Tier>(i);
+      if (tier == engine::Tier::kDisk ? !t.disk : !t.redis) continue;
+      for (size_t k = 0; k < engine::kTierDecisionCount; ++k) {
+        const auto decision = static_cast<engine::TierDecision>(k);
+        p.sample("kvcache_tier_decisions_total",
+                 {{"tier", std::string(engine::tier_name(tier))},
+                  {"decision", std::string(engine::tier_decision_name(decision))}},
+                 d(t.decisions[i][k]));
+      }
+    }
+    p.family("kvcache_tier_cost_ms", "gauge",
+             "The cost model's current figures: milliseconds to load a block from each tier, "
+             "and to recompute a block at a depth (tokens before it).");
+    if (t.disk)
+      p.sample("kvcache_tier_cost_ms", {{"op", "load"}, {"tier", "disk"}}, t.cost.load_ms[0]);
+    if (t.redis)
+      p.sample("kvcache_tier_cost_ms", {{"op", "load"}, {"tier", "redis"}}, t.cost.load_ms[1]);
+    for (const double depth : {0.0, 1024.0, 4096.0}) {
+      const double b = static_cast<double>(t.block_tokens);
+      p.sample("kvcache_tier_cost_ms", {{"op", "recompute"}, {"depth", fmt::format("{}", depth)}},
+               t.cost.token_ms * b + t.cost.depth_ms * (b * depth + b * (b - 1) / 2));
+    }
+    if (t.disk) {
+      p.histogram("kvcache_tier_disk_load_seconds", "Time to load one block from the disk tier.",
+                  t.load_ms[0], 1e-3);
+    }
+    if (t.redis) {
+      p.histogram("kvcache_tier_redis_load_seconds", "Time to load one block from the Redis tier.",
+                  t.load_ms[1], 1e-3);
+    }
   }
 
   p.family("kvcache_requests_running", "gauge", "Requests admitted and generating.");

@@ -348,6 +348,7 @@ nlohmann::json kvcache_json(const engine::RequestStats& s, double now_ms) {
           {"cached_tokens", s.cached_tokens},
           {"disk_tokens", s.disk_tokens},
           {"redis_tokens", s.redis_tokens},
+          {"tier_note", s.tier_note},
           {"miss", miss_json(s.miss, now_ms)},
           {"queue_ms", ms(s.queue_ms)},
           {"ttft_ms", ms(s.ttft_ms)},

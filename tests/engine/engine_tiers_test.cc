@@ -25,6 +25,9 @@ EngineOptions tiered(const fs::path& dir) {
   o.block_tokens = 16;
   o.kv_tiers.disk_dir = dir.string();
   o.kv_tiers.disk_max_bytes = 64 << 20;
+  // These tests are of the mechanism: every block stored, every hit loaded. The cost model's
+  // decisions have tests of their own below.
+  o.kv_tiers.policy = TierPolicy::kKeepAll;
   return o;
 }
 
@@ -196,6 +199,7 @@ EngineOptions with_redis(const kvc::testing::RedisServer& redis) {
   o.block_tokens = 16;
   o.kv_tiers.redis_url = redis.url();
   o.kv_tiers.redis_timeout_ms = 200;
+  o.kv_tiers.policy = TierPolicy::kKeepAll;
   return o;
 }
 
@@ -261,6 +265,63 @@ TEST(EngineTiers, RequestsKeepTheirAnswersWhileRedisIsDownAndAfterItReturns) {
     if (!stored) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_TRUE(stored);
+}
+
+}  // namespace
+}  // namespace kvc::engine
+
+namespace kvc::engine {
+namespace {
+
+// Under the cost model, whatever the timings: every sealed block is either stored or dropped
+// for each tier, only stored blocks are written, every tier hit is either loaded or recomputed,
+// and the answers stay bit-identical to a cold run.
+TEST(EngineTiers, TheCostModelsDecisionsAddUpAndNeverChangeAnAnswer) {
+  Loaded m(model_path());
+  kvc::testing::RedisServer redis;
+  if (!kvc::testing::redis_server_available()) GTEST_SKIP() << "redis-server not found";
+  EngineOptions o = with_redis(redis);
+  o.kv_tiers.policy = TierPolicy::kCostModel;
+  o.kv_tiers.disk_dir = tier_dir("cost-model").string();
+  Engine e(*m.model, *m.tokenizer, o);
+  EXPECT_GT(e.stats().tiers.cost.passes, 0u);  // calibrated at start-up
+  const kv::Hash256 ns = e.namespace_for("tenant", "");
+  std::vector<std::vector<int32_t>> prompts;
+  for (uint64_t i = 0; i < 4; ++i) prompts.push_back(prompt_of(m, 40 + 30 * i, 20 + i));
+  for (const auto& p : prompts) complete(e, recorded(p, ns));
+  e.drain_tiers();
+  const auto n = [](const TierCounts& t, Tier tier, TierDecision d) {
+    return t.decisions[static_cast<size_t>(tier)][static_cast<size_t>(d)];
+  };
+  const TierCounts first = e.stats().tiers;
+  // Prompts of 40..130 tokens and 5 written outputs: 2+4+6+8 = 20 full blocks sealed.
+  for (const Tier tier : {Tier::kDisk, Tier::kRedis}) {
+    EXPECT_EQ(n(first, tier, TierDecision::kStored) + n(first, tier, TierDecision::kDroppedCheap),
+              20u)
+        << tier_name(tier);
+  }
+  e.flush_cache();
+  for (const auto& p : prompts) {
+    const Completion again = complete(e, recorded(p, ns));
+    EXPECT_EQ(again.logits, cold_run(m, p).logits);
+    if (!again.stats.tier_note.empty()) {
+      EXPECT_THAT(again.stats.tier_note, ::testing::HasSubstr("ms to recompute"));
+    }
+  }
+  e.drain_tiers();
+  const TierCounts t = e.stats().tiers;
+  EXPECT_EQ(t.disk_store.writes, n(t, Tier::kDisk, TierDecision::kStored));
+  EXPECT_EQ(t.redis_store.writes, n(t, Tier::kRedis, TierDecision::kStored));
+  EXPECT_EQ(t.disk_loaded_blocks, n(t, Tier::kDisk, TierDecision::kLoaded));
+  EXPECT_EQ(t.redis_loaded_blocks, n(t, Tier::kRedis, TierDecision::kLoaded));
+  std::printf(
+      "[ measured ] recompute of a 16-token block at depth 0: %.4f ms; load: disk %.4f ms, "
+      "redis %.4f ms; disk stored %llu dropped %llu, redis stored %llu dropped %llu\n",
+      e.stats().tiers.cost.token_ms * 16, t.cost.load_ms[0], t.cost.load_ms[1],
+      static_cast<unsigned long long>(n(t, Tier::kDisk, TierDecision::kStored)),
+      static_cast<unsigned long long>(n(t, Tier::kDisk, TierDecision::kDroppedCheap)),
+      static_cast<unsigned long long>(n(t, Tier::kRedis, TierDecision::kStored)),
+      static_cast<unsigned long long>(n(t, Tier::kRedis, TierDecision::kDroppedCheap)));
 }
 
 }  // namespace

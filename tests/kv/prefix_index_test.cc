@@ -175,6 +175,41 @@ TEST(PrefixIndex, EvictsOnlyWhenAllocationNeedsItLeavesFirstLeastRecentFirst) {
   EXPECT_EQ(f.index.explain(f.ns_a, iota(8, 90), 8).cached_tokens, 8u);
 }
 
+// With a value function, eviction takes the least valuable of the oldest evictable blocks,
+// whatever their recency; the facts it is given are the block's depth, hits and times.
+TEST(PrefixIndex, AValueFunctionChoosesTheVictimAmongTheOldest) {
+  std::vector<BlockFacts> seen;
+  PrefixIndexOptions o;
+  o.value_sample = 4;
+  o.block_value = [&](const BlockFacts& b) {
+    seen.push_back(b);
+    return static_cast<double>(b.hits);  // the least reused goes first
+  };
+  Fixture f(6, o);
+  f.run(f.ns_a, iota(8, 10));  // A: 2 blocks, then reused twice
+  f.run(f.ns_a, iota(8, 50));  // B: 2 blocks, never reused
+  f.now += 100;
+  f.run(f.ns_a, iota(8, 10));
+  f.run(f.ns_a, iota(8, 10));
+  f.run(f.ns_a, iota(8, 200));  // 2 blocks: 2 free, so no eviction yet
+  EXPECT_EQ(f.index.stats().evicted_blocks, 0u);
+  f.run(f.ns_a, iota(4, 300));  // 1 block: one eviction, of a leaf that was never reused
+  EXPECT_EQ(f.index.stats().evicted_blocks, 1u);
+  EXPECT_EQ(f.index.explain(f.ns_a, iota(8, 10), 8).cached_tokens, 8u);  // A, the oldest, kept
+  ASSERT_FALSE(seen.empty());
+  bool saw_a = false;
+  for (const BlockFacts& b : seen) {
+    if (b.hits == 2) {
+      saw_a = true;
+      EXPECT_EQ(b.depth_tokens, 4u);  // A's leaf, the second block
+      EXPECT_DOUBLE_EQ(b.idle_ms, 0);
+      EXPECT_DOUBLE_EQ(b.age_ms, 100);
+    }
+  }
+  EXPECT_TRUE(saw_a);
+  f.index.check_invariants();
+}
+
 TEST(PrefixIndex, ReferencedBlocksAreNeverEvicted) {
   Fixture f(4);
   BlockTable held(f.pool);

@@ -17,6 +17,7 @@ engine::EngineOptions tiered(const std::string& redis_url, const std::string& di
   eo.kv_tiers.redis_url = redis_url;
   eo.kv_tiers.redis_timeout_ms = 200;
   eo.kv_tiers.disk_dir = disk;
+  eo.kv_tiers.policy = engine::TierPolicy::kKeepAll;
   return eo;
 }
 
@@ -52,6 +53,17 @@ TEST(HttpTiers, ASecondInstanceAnswersFromRedisWithTheSameText) {
   EXPECT_GE(prom_value(families, "kvcache_tier_stored_blocks_total", {{"tier", "disk"}}), 4);
   EXPECT_EQ(prom_value(families, "kvcache_tier_errors_total", {{"tier", "redis"}, {"kind", "io"}}),
             0);
+  // The cost model's figures: decisions (every block stored, under keep-all), load times.
+  EXPECT_EQ(prom_value(families, "kvcache_tier_decisions_total",
+                       {{"tier", "redis"}, {"decision", "loaded"}}),
+            4);
+  EXPECT_EQ(prom_value(families, "kvcache_tier_decisions_total",
+                       {{"tier", "redis"}, {"decision", "dropped_recompute_cheaper"}}),
+            0);
+  EXPECT_EQ(prom_value(families, "kvcache_tier_redis_load_seconds_count", {}), 4);
+  EXPECT_GT(prom_value(families, "kvcache_tier_cost_ms", {{"op", "load"}, {"tier", "redis"}}), 0);
+  EXPECT_GE(prom_value(families, "kvcache_tier_cost_ms", {{"op", "recompute"}, {"depth", "4096"}}),
+            prom_value(families, "kvcache_tier_cost_ms", {{"op", "recompute"}, {"depth", "0"}}));
 
   const Reply flushed = post(second, "/v1/cache/flush", json{{"tiers", true}});
   ASSERT_EQ(flushed.status, 200) << flushed.text;
