@@ -54,6 +54,11 @@ void add_tier_options(CLI::App& cmd, TierArgs& args) {
   cmd.add_option("--kv-tier-key", args.key_file,
                  "Encrypt blocks in the disk and Redis tiers with AES-256-GCM under this key "
                  "(a file of 32 raw bytes or 64 hex digits); unencrypted blocks are then refused");
+  cmd.add_option("--kv-tier-policy", args.policy,
+                 "How blocks move to and from the tiers: cost (store, load and evict by measured "
+                 "value) or keep-all (store every block, load every hit, evict by recency)")
+      ->check(CLI::IsMember({"cost", "keep-all"}))
+      ->capture_default_str();
 }
 
 namespace {
@@ -73,6 +78,8 @@ void apply_tier_options(const TierArgs& args, engine::EngineOptions& eo) {
   t.disk_compression = parse_compression(args.disk_compress, "--kv-disk-compress");
   t.redis_compression = parse_compression(args.redis_compress, "--kv-redis-compress");
   if (!args.key_file.empty()) t.key = kv::load_tier_key(args.key_file);
+  t.policy =
+      args.policy == "keep-all" ? engine::TierPolicy::kKeepAll : engine::TierPolicy::kCostModel;
   if (!args.redis.empty()) {
     kv::parse_redis_url(args.redis);  // a malformed URL is an error at start-up
     t.redis_url = args.redis;

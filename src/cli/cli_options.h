@@ -27,6 +27,7 @@ struct TierArgs {
   std::string disk_compress = "none";   // --kv-disk-compress none|lz4|zstd
   std::string redis_compress = "none";  // --kv-redis-compress none|lz4|zstd
   std::string key_file;                 // --kv-tier-key FILE
+  std::string policy = "cost";          // --kv-tier-policy cost|keep-all
 };
 void add_tier_options(CLI::App& cmd, TierArgs& args);
 // Copies the tier flags into eo; throws Error naming the flag for a bad size, URL or file.

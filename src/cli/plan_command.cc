@@ -48,6 +48,9 @@ void add_plan_command(CLI::App& app) {
   cmd->add_flag("--json", args->json, "Print the plan as JSON, every size in bytes");
   cmd->add_option("--plot", args->plot_path, "Write memory against context length as SVG")
       ->type_name("FILE.svg");
+  add_tier_options(*cmd, args->tiers);
+  cmd->add_option("--threads", args->threads,
+                  "Threads for timing recompute against the tiers (default: every core)");
   cmd->callback([args] { run_plan(*args, std::cout); });
 }
 

@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "base/strings.h"
 #include "cli/cli_options.h"
+#include "cli/tier_cost_report.h"
 
 namespace kvc::cli {
 
@@ -499,11 +500,29 @@ void run_plan(const PlanArgs& args, std::ostream& out) {
     file.close();
     if (!file) fail("--plot: error writing '{}'", args.plot_path);
   }
+  const bool tiers =
+      !args.model_path.empty() && (!args.tiers.disk.empty() || !args.tiers.redis.empty());
+  if (!args.tiers.disk.empty() || !args.tiers.redis.empty()) {
+    if (args.model_path.empty()) fail("--kv-disk/--kv-redis: timing the tiers needs --model");
+  }
+  const int block_tokens = plan.options.block_tokens;
   if (args.json) {
-    out << render_json(plan);
+    if (!tiers) {
+      out << render_json(plan);
+      return;
+    }
+    nlohmann::json j = nlohmann::json::parse(render_json(plan));
+    j["tier_costs"] = nlohmann::json::parse(tier_cost_report(
+        args.model_path, args.tiers, block_tokens, thread_count(args.threads), true));
+    out << j.dump(2) << "\n";
   } else {
     out << render_table(plan);
     if (!args.plot_path.empty()) out << "\nplot written to " << args.plot_path << "\n";
+    if (tiers) {
+      out << "\n"
+          << tier_cost_report(args.model_path, args.tiers, block_tokens, thread_count(args.threads),
+                              false);
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "cli/cli_options.h"
 #include "kv/memory_plan.h"
 #include "model/model_geometry.h"
 
@@ -28,6 +29,8 @@ struct PlanArgs {
   std::string weights_dtype;         // --weights-dtype: empty for the source's own
   bool json = false;                 // --json
   std::string plot_path;             // --plot FILE.svg; empty for none
+  TierArgs tiers;                    // with --model: time recompute against these tiers' loads
+  int threads = 0;                   // --threads for that timing; 0: every core
 };
 
 struct Plan {

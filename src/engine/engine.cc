@@ -80,32 +80,38 @@ Engine::Engine(const model::LlamaModel& model, const model::Tokenizer& tokenizer
 }
 
 void Engine::calibrate_costs() {
-  // Prefills of a scratch sequence in chunks of a few blocks, up to a quarter of the context
-  // or half a second: each chunk is one pass for the cost model. The blocks are never indexed,
-  // so nothing of it can be a cache hit.
+  // Prefills of a scratch sequence up to half the context (at most 64 blocks), in passes of 1, 4
+  // and 2 blocks in turn so that the fixed, per-token and depth terms can be told apart, swept
+  // up to three times within half a second: each pass is one sample for the cost model. The
+  // blocks are never indexed, so nothing of it can be a cache hit.
   const size_t bt = geometry_.block_tokens;
-  const size_t chunk = 4 * bt;
-  const size_t limit =
-      std::min<size_t>(static_cast<size_t>(model_.config().context_length) / 4, 64 * bt);
+  const size_t limit = std::max(
+      4 * bt, std::min<size_t>(static_cast<size_t>(model_.config().context_length) / 2, 64 * bt));
+  const auto vocab = static_cast<size_t>(model_.config().n_vocab);
   kv::BlockTable table(*pool_, kv_.get());
+  if (!table.reserve(limit)) return;
   std::vector<model::BatchRow> rows;
   const auto start = std::chrono::steady_clock::now();
-  for (size_t at = 0; at + chunk <= std::max(limit, chunk); at += chunk) {
-    if (!table.reserve(at + chunk)) break;
-    rows.clear();
-    double position_sum = 0;
-    for (size_t i = at; i < at + chunk; ++i) {
-      rows.push_back(
-          {static_cast<int32_t>((i * 7919) % static_cast<size_t>(model_.config().n_vocab)),
-           static_cast<int32_t>(i), &table, i + 1 == at + chunk});
-      position_sum += static_cast<double>(i);
+  const size_t sizes[] = {bt, 4 * bt, 2 * bt};
+  size_t turn = 0;
+  for (int sweep = 0; sweep < 3; ++sweep) {
+    for (size_t at = 0; at < limit;) {
+      const size_t n = std::min(sizes[turn++ % 3], limit - at);
+      rows.clear();
+      double position_sum = 0;
+      for (size_t i = at; i < at + n; ++i) {
+        rows.push_back({static_cast<int32_t>((i * 7919) % vocab), static_cast<int32_t>(i), &table,
+                        i + 1 == at + n});
+        position_sum += static_cast<double>(i);
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      model_.forward(*threads_, *pool_, rows, scratch_);
+      const auto t1 = std::chrono::steady_clock::now();
+      kv_->cost_model().observe_pass(rows.size(), position_sum,
+                                     std::chrono::duration<double, std::milli>(t1 - t0).count());
+      if (t1 - start > std::chrono::milliseconds(500)) return;
+      at += n;
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    model_.forward(*threads_, *pool_, rows, scratch_);
-    const auto t1 = std::chrono::steady_clock::now();
-    kv_->cost_model().observe_pass(rows.size(), position_sum,
-                                   std::chrono::duration<double, std::milli>(t1 - t0).count());
-    if (t1 - start > std::chrono::milliseconds(500)) break;
   }
 }
 

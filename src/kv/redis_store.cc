@@ -245,6 +245,11 @@ bool RedisStore::get(const Hash256& ns, const Hash256& block_hash, std::span<uin
   return false;
 }
 
+bool RedisStore::erase(const Hash256& ns, const Hash256& block_hash) {
+  const auto replies = writer_->run({{"UNLINK", key(ns, block_hash)}});
+  return !replies.empty() && replies[0]->type == REDIS_REPLY_INTEGER && replies[0]->integer == 1;
+}
+
 size_t RedisStore::clear() {
   size_t removed = 0;
   std::string cursor = "0";

@@ -80,6 +80,8 @@ class RedisStore {
   bool get(const Hash256& ns, const Hash256& block_hash, std::span<uint8_t> out);
   // Deletes every kvcache block key in the database (SCAN + UNLINK); returns how many.
   size_t clear();
+  // Deletes one block; false when it was not there or Redis could not be reached.
+  bool erase(const Hash256& ns, const Hash256& block_hash);
 
   RedisStoreStats stats() const;
   static std::string key(const Hash256& ns, const Hash256& block_hash);
