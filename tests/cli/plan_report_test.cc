@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "cli/cli_options.h"
 #include "scratch_dir.h"
+#include "test_models.h"
 
 namespace kvc::cli {
 namespace {
@@ -276,6 +277,58 @@ TEST(PlanReport, ConfigSourceAndExcludedWeights) {
   EXPECT_EQ(p.figures.bytes_per_token, 22u * 2 * 4 * 68);
   EXPECT_EQ(*p.figures.kv_budget_bytes, GiB);
   EXPECT_EQ(p.options.concurrencies, std::vector<uint64_t>{1});
+}
+
+}  // namespace
+}  // namespace kvc::cli
+
+namespace kvc::cli {
+namespace {
+
+// With a model and a tier, plan times recompute against loads: one row per depth, the
+// break-even reuse, and the same figures in JSON.
+TEST(PlanReport, TierCostsWithAModelAndADiskTier) {
+  const std::string model = kvc::testing::stories_model_path();
+  if (model.empty()) GTEST_SKIP() << "KVCACHE_TEST_MODEL (stories260K.gguf) not set";
+  PlanArgs a;
+  a.model_path = model;
+  a.contexts = {"512"};
+  a.tiers.disk = (kvc::testing::scratch_dir() / "plan-disk").string();
+  a.threads = 1;
+  std::ostringstream out;
+  run_plan(a, out);
+  EXPECT_THAT(out.str(), HasSubstr("disk break-even"));
+  EXPECT_THAT(out.str(), HasSubstr("recompute fitted from"));
+  a.json = true;
+  std::ostringstream json_out;
+  run_plan(a, json_out);
+  const json j = json::parse(json_out.str());
+  const json& rows = j.at("tier_costs").at("depths");
+  ASSERT_GE(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["depth"], 0);
+  EXPECT_GT(rows[0]["recompute_ms"].get<double>(), 0);
+  EXPECT_GT(rows[0]["disk_load_ms"].get<double>(), 0);
+  EXPECT_GT(j["tier_costs"]["passes"].get<int>(), 0);
+  // The probe blocks are deleted again: the directory holds no block.
+  size_t blocks = 0;
+  for (const auto& e : std::filesystem::directory_iterator(a.tiers.disk)) {
+    blocks += e.path().extension() == ".kvb";
+  }
+  EXPECT_EQ(blocks, 0u);
+}
+
+TEST(PlanReport, TierFlagsNeedAModel) {
+  PlanArgs a;
+  a.preset = "llama3-8b";
+  a.contexts = {"512"};
+  a.tiers.disk = (kvc::testing::scratch_dir() / "plan-disk-no-model").string();
+  std::ostringstream out;
+  try {
+    run_plan(a, out);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("needs --model"));
+  }
 }
 
 }  // namespace
