@@ -8,6 +8,7 @@
 
 #include "base/error.h"
 #include "base/histogram.h"
+#include "bench/bench_requests.h"
 #include "engine/engine.h"
 #include "model/llama_model.h"
 #include "model/sampler.h"
@@ -18,7 +19,6 @@ namespace kvc::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using Tokens = std::vector<int32_t>;
 
 struct Measured {
   double ttft_p50 = 0, ttft_p99 = 0, throughput = 0, seconds = 0;
@@ -31,22 +31,6 @@ struct Context {
   const model::Tokenizer& tokenizer;
   const WorkloadBenchOptions& o;
 };
-
-Tokens random_tokens(model::Rng& rng, int n_vocab, int n) {
-  Tokens t;
-  for (int i = 0; i < n; ++i) t.push_back(3 + static_cast<int32_t>(rng.next() % (n_vocab - 3)));
-  return t;
-}
-
-engine::Request make_request(const Tokens& prompt, int output, const kv::Hash256& ns) {
-  engine::Request r;
-  r.prompt = prompt;
-  r.max_tokens = output;
-  r.sampling.temperature = 0.0f;
-  r.ignore_eos = true;
-  r.ns = ns;
-  return r;
-}
 
 engine::EngineOptions engine_options(const Context& c, bool cache) {
   engine::EngineOptions e;

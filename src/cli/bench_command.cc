@@ -4,6 +4,7 @@
 #include "base/error.h"
 #include "bench/cache_bench.h"
 #include "bench/decode_bench.h"
+#include "bench/tier_bench.h"
 #include "bench/workload_bench.h"
 #include "cli/commands.h"
 #include "cli/model_source.h"
@@ -113,6 +114,34 @@ void add_bench_command(CLI::App& app) {
       fail("users, sessions, turns and output tokens must be positive");
     }
     bench::run_workload_bench(*wl, std::cout);
+  });
+
+  auto tiers = std::make_shared<bench::TierBenchOptions>();
+  auto tiers_preset = std::make_shared<std::string>();
+  CLI::App* tiers_cmd = cmd->add_subcommand(
+      "tiers", "Drop, keep-all and the cost model side by side on workloads 4x the pool");
+  tiers_cmd->add_option("-m,--model", tiers->model_path, "GGUF model");
+  tiers_cmd->add_option("--preset", *tiers_preset, "Synthetic preset instead of -m (e.g. 110m)");
+  tiers_cmd->add_option("--workloads", tiers->workloads, "Which workloads")
+      ->delimiter(',')
+      ->capture_default_str();
+  tiers_cmd
+      ->add_option("--scale", tiers->scale,
+                   "Multiplies users, questions and prompts (1: 32 users, 64 questions, "
+                   "2000 prompts)")
+      ->capture_default_str();
+  tiers_cmd->add_option("-t,--threads", tiers->threads, "Threads")->capture_default_str();
+  tiers_cmd->add_option("--seed", tiers->seed, "Workload seed")->capture_default_str();
+  tiers_cmd->add_flag("--json", tiers->json, "One JSON document");
+  tiers_cmd->callback([tiers, tiers_preset] {
+    if (tiers->model_path.empty() == tiers_preset->empty()) {
+      fail("give exactly one of -m and --preset");
+    }
+    if (!tiers_preset->empty()) {
+      tiers->model_path = ensure_synthetic_model(*tiers_preset, DType::F32);
+    }
+    if (!(tiers->scale > 0)) fail("--scale must be positive");
+    bench::run_tier_bench(*tiers, std::cout);
   });
 }
 
