@@ -120,8 +120,7 @@ void DiskStore::scan() {
     const KvGeometry& g = identity_.geometry;
     if (!h || h->block_hash != *hash || h->model_fingerprint != identity_.model_fingerprint ||
         h->n_layers != g.n_layers || h->n_kv_heads != g.n_kv_heads || h->head_dim != g.head_dim ||
-        h->block_tokens != g.block_tokens || h->k_dtype != identity_.k_dtype ||
-        h->v_dtype != identity_.v_dtype) {
+        h->block_tokens != g.block_tokens || h->k_dtype != g.k_dtype || h->v_dtype != g.v_dtype) {
       ++foreign;
       continue;
     }

@@ -55,14 +55,14 @@ std::string model_path() {
 TEST(GeneratorCache, RandomSharedWorkloadUnderEvictionIsBitIdenticalToNoCache) {
   const auto model = model::LlamaModel::load(model_path());
   const int n_vocab = model->config().n_vocab;
-  const kv::KvGeometry g = model->config().kv_geometry(DType::F32, 8);
+  const kv::KvGeometry g = model->config().kv_geometry(DType::F16, DType::F16, 8);
   // Small enough that the workload evicts: about four sequences' worth of blocks.
   kv::BlockPool cached_pool(g, g.bytes_per_block() * 40);
   kv::BlockPool plain_pool(g, g.bytes_per_block() * 40);
   kv::PrefixIndex index(cached_pool);
   ThreadPool threads(2);
   Generator cached(*model, cached_pool, threads), plain(*model, plain_pool, threads);
-  kv::NamespaceKey key{model::model_fingerprint(model->file()), DType::F32, 8, "", ""};
+  kv::NamespaceKey key{model::model_fingerprint(model->file()), DType::F16, DType::F16, 8, "", ""};
   const CacheContext tenant_a{&index, kv::namespace_hash(key)};
   key.tenant_salt = "b";
   const CacheContext tenant_b{&index, kv::namespace_hash(key)};
@@ -107,7 +107,7 @@ TEST(GeneratorCache, RandomSharedWorkloadUnderEvictionIsBitIdenticalToNoCache) {
 // same sequence run alone.
 TEST(GeneratorCache, ForkedSamplesMatchTheirSoloRuns) {
   const auto model = model::LlamaModel::load(model_path());
-  const kv::KvGeometry g = model->config().kv_geometry(DType::F32, 16);
+  const kv::KvGeometry g = model->config().kv_geometry(DType::F16, DType::F16, 16);
   kv::BlockPool pool(g, g.bytes_per_block() * 32);
   ThreadPool threads(2);
   model::ForwardScratch scratch;
@@ -139,7 +139,7 @@ TEST(GeneratorCache, ForkedSamplesMatchTheirSoloRuns) {
 
 TEST(GeneratorCache, MissReasonsReachTheCaller) {
   const auto model = model::LlamaModel::load(testing::synthetic_model_path("tiny", DType::F32));
-  const kv::KvGeometry g = model->config().kv_geometry(DType::F32, 16);
+  const kv::KvGeometry g = model->config().kv_geometry(DType::F16, DType::F16, 16);
   kv::BlockPool pool(g, g.bytes_per_block() * 32);
   kv::PrefixIndex index(pool);
   ThreadPool threads(1);

@@ -26,8 +26,7 @@ TierIdentity identity() {
   id.geometry.n_kv_heads = 2;
   id.geometry.head_dim = 4;
   id.geometry.block_tokens = 4;
-  id.geometry.dtype = DType::F32;
-  id.k_dtype = id.v_dtype = DType::F32;
+  id.geometry.k_dtype = id.geometry.v_dtype = DType::F32;
   return id;
 }
 
@@ -106,8 +105,7 @@ TEST(DiskStore, NeverUsesOrDeletesBlocksOfAnotherModelOrLayout) {
   TierIdentity other_model = identity();
   other_model.model_fingerprint.fill(8);
   TierIdentity other_dtype = identity();
-  other_dtype.k_dtype = other_dtype.v_dtype = DType::F16;
-  other_dtype.geometry.dtype = DType::F16;
+  other_dtype.geometry.v_dtype = DType::Q8_0;
   TierIdentity other_geometry = identity();
   other_geometry.geometry.block_tokens = 8;
   for (const TierIdentity& id : {other_model, other_dtype, other_geometry}) {
