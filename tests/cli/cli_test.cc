@@ -243,5 +243,35 @@ TEST(Cli, ServeAnswersHealthAndDrainsOnSigterm) {
   EXPECT_THAT(log, HasSubstr("stopped: 1 requests completed, 0 cancelled"));
 }
 
+// `kvcache perplexity`: figures on stdout (or --json), progress on stderr, clear errors.
+TEST(Cli, PerplexityScoresAFileAndNamesBadInput) {
+  const std::string model = testing::synthetic_model_path("tiny", DType::F32);
+  const std::string text = (testing::scratch_dir() / "story.txt").string();
+  std::string story;
+  for (int i = 0; i < 40; ++i) story += "Once upon a time there was a little dog. ";
+  std::ofstream(text) << story;
+  Result r = kvcache("perplexity -m " + model + " -f " + text + " -c 64 --json -ctk q8_0");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"kv_dtype_k\": \"q8_0\""));
+  EXPECT_THAT(r.out, HasSubstr("\"ppl\": "));
+  EXPECT_THAT(r.err, HasSubstr("perplexity: chunk"));
+  const std::string empty = (testing::scratch_dir() / "empty.txt").string();
+  std::ofstream(empty).flush();
+  r = kvcache("perplexity -m " + model + " -f " + empty);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("the text is empty"));
+  r = kvcache("perplexity -m " + model + " -f " + text + " -c 100000");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("larger than the model's"));
+  const std::string short_text = (testing::scratch_dir() / "short.txt").string();
+  std::ofstream(short_text) << "Once upon a time";
+  r = kvcache("perplexity -m " + model + " -f " + short_text + " -c 64");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("fewer than one chunk of 64"));
+  r = kvcache("perplexity -m " + model + " -f " + text + " --kl-divergence");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("give --kl-divergence-base FILE too"));
+}
+
 }  // namespace
 }  // namespace kvc
