@@ -135,7 +135,7 @@ void run_shared_prefix_bench(const SharedPrefixBenchOptions& o, std::ostream& ou
     for (int j = 0; j < o.question_tokens; ++j) p.push_back(word());
     prompts.push_back(std::move(p));
   }
-  const kv::KvGeometry g = c.kv_geometry(DType::F32, kv::kDefaultBlockTokens);
+  const kv::KvGeometry g = c.kv_geometry(DType::F16, DType::F16, kv::kDefaultBlockTokens);
   const auto tokenizer = model::Tokenizer::from_gguf(model->file());
   struct Result {
     double prefill_ms = 0, ttft_ms_sum = 0;
@@ -145,7 +145,8 @@ void run_shared_prefix_bench(const SharedPrefixBenchOptions& o, std::ostream& ou
     engine::EngineOptions eo;
     eo.kv_memory_bytes =
         g.blocks_for_tokens(o.preamble_tokens + o.question_tokens + 8) * 64 * g.bytes_per_block();
-    eo.kv_dtype = g.dtype;
+    eo.kv_k_dtype = g.k_dtype;
+    eo.kv_v_dtype = g.v_dtype;
     eo.threads = o.threads;
     eo.max_running = 1;
     eo.prefix_cache = cache_on;

@@ -10,6 +10,7 @@
 #include "base/byte_size.h"
 #include "base/thread_pool.h"
 #include "engine/completion.h"
+#include "kv/memory_plan.h"
 #include "model/llama_model.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
@@ -64,6 +65,7 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
     out << fmt::format("  {} thread{}: {:.1f} GB/s", t, t > 1 ? "s" : "", bandwidth[t]);
   }
   out << "\n\n";
+  out << fmt::format("KV cache: {}\n", kv::kv_dtypes_name(o.kv_k_dtype, o.kv_v_dtype));
   out << fmt::format("{:<16} {:<5} {:>7} {:>10} {:>12} {:>11} {:>12} {:>9}\n", "model", "dtype",
                      "threads", "weights", "prefill t/s", "decode t/s", "decode GB/s", "of limit");
   out.flush();
@@ -73,7 +75,7 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
       const auto model = model::LlamaModel::load(path);
       const auto& c = model->config();
       const auto tokenizer = model::Tokenizer::from_gguf(model->file());
-      const kv::KvGeometry g = c.kv_geometry(DType::F32, kv::kDefaultBlockTokens);
+      const kv::KvGeometry g = c.kv_geometry(o.kv_k_dtype, o.kv_v_dtype, kv::kDefaultBlockTokens);
       const size_t tokens = o.prompt_tokens + o.decode_tokens + 8;
       model::Rng rng(42);
       std::vector<int32_t> prompt(o.prompt_tokens);
@@ -81,7 +83,8 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
       for (int threads : o.threads) {
         engine::EngineOptions eo;
         eo.kv_memory_bytes = g.blocks_for_tokens(tokens) * g.bytes_per_block();
-        eo.kv_dtype = DType::F32;
+        eo.kv_k_dtype = o.kv_k_dtype;
+        eo.kv_v_dtype = o.kv_v_dtype;
         eo.threads = threads;
         eo.max_running = 1;
         eo.max_batch_tokens = o.prompt_tokens;

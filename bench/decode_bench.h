@@ -15,6 +15,8 @@ struct DecodeBenchOptions {
   std::vector<std::string> presets = {"110m", "tinyllama-1.1b"};
   std::vector<DType> dtypes = {DType::F32, DType::F16, DType::Q8_0};
   std::vector<int> threads = {1, 2};
+  DType kv_k_dtype = DType::F16;  // KV storage of keys and values
+  DType kv_v_dtype = DType::F16;
   int prompt_tokens = 128;
   int decode_tokens = 32;
   size_t bandwidth_bytes = size_t{1} << 30;  // array read to measure bandwidth

@@ -114,8 +114,7 @@ engine::EngineOptions options_for(const model::LlamaModel& model, const Workload
   engine::EngineOptions e;
   e.threads = threads;
   e.max_running = kInFlight;
-  e.kv_dtype = DType::F16;
-  const auto g = model.config().kv_geometry(e.kv_dtype, e.block_tokens);
+  const auto g = model.config().kv_geometry(e.kv_k_dtype, e.kv_v_dtype, e.block_tokens);
   // A quarter of the working set, but room for the requests running together.
   const size_t blocks = std::max(g.blocks_for_tokens(w.working_set_tokens) / 4,
                                  (g.blocks_for_tokens(w.longest + 1) + 1) * kInFlight);

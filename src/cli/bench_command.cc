@@ -6,6 +6,7 @@
 #include "bench/decode_bench.h"
 #include "bench/tier_bench.h"
 #include "bench/workload_bench.h"
+#include "cli/cli_options.h"
 #include "cli/commands.h"
 #include "cli/model_source.h"
 
@@ -27,11 +28,16 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--prompt-tokens", o->prompt_tokens, "Prompt length for prefill")
       ->capture_default_str();
   cmd->add_option("--decode-tokens", o->decode_tokens, "Tokens to decode")->capture_default_str();
+  auto kv_dtypes = std::make_shared<KvDtypeArgs>();
+  add_kv_dtype_options(*cmd, *kv_dtypes, "f16");
   auto bandwidth_mib = std::make_shared<size_t>(o->bandwidth_bytes >> 20);
   cmd->add_option("--bandwidth-mib", *bandwidth_mib,
                   "Array size for the bandwidth measurement (well above the L3 cache)")
       ->capture_default_str();
-  cmd->callback([o, dtypes, bandwidth_mib, cmd] {
+  cmd->callback([o, dtypes, kv_dtypes, bandwidth_mib, cmd] {
+    const KvDtypes kv = resolve_kv_dtypes(*kv_dtypes, DType::F16, true);
+    o->kv_k_dtype = kv.k;
+    o->kv_v_dtype = kv.v;
     if (*bandwidth_mib < 1) fail("--bandwidth-mib must be at least 1");
     o->bandwidth_bytes = *bandwidth_mib << 20;
     o->dtypes.clear();

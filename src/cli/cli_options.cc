@@ -1,5 +1,7 @@
 #include "cli/cli_options.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>
@@ -14,20 +16,50 @@
 
 namespace kvc::cli {
 
-DType parse_kv_dtype(std::string_view name) {
+DType parse_kv_dtype(std::string_view name, std::string_view flag) {
   const std::string n = to_lower(trim(name));
   if (n == "int8" || n == "q8") return DType::Q8_0;
   if (n == "int4" || n == "q4") return DType::Q4_0;
   if (const auto t = parse_dtype(n)) return *t;
-  fail("--kv-dtype: unknown KV dtype '{}'; use f32, f16, bf16, q8_0 (int8) or q4_0 (int4)", name);
+  fail("{}: unknown KV dtype '{}'; use f32, f16, bf16, q8_0 (int8) or q4_0 (int4)", flag, name);
 }
 
-DType parse_pool_kv_dtype(std::string_view name) {
-  const DType t = parse_kv_dtype(name);
-  if (t != DType::F32 && t != DType::F16) {
-    fail("--kv-dtype: the KV pool stores f32 or f16 today, got '{}'", name);
-  }
+DType parse_pool_kv_dtype(std::string_view name, std::string_view flag) {
+  const DType t = parse_kv_dtype(name, flag);
+  if (t == DType::BF16) fail("{}: the KV pool stores f32, f16, q8_0 or q4_0, not bf16", flag);
   return t;
+}
+
+void add_kv_dtype_options(CLI::App& cmd, KvDtypeArgs& args, std::string_view fallback) {
+  const std::string types = "f32, f16, q8_0 (int8) or q4_0 (int4)";
+  cmd.add_option(
+         "--kv-dtype", args.both,
+         fmt::format("KV storage type of keys and values: {} (default {})", types, fallback))
+      ->type_name("DTYPE");
+  cmd.add_option("--kv-dtype-k", args.k, "Keys' storage type (alias -ctk; default --kv-dtype)")
+      ->type_name("DTYPE");
+  cmd.add_option("--kv-dtype-v", args.v, "Values' storage type (alias -ctv; default --kv-dtype)")
+      ->type_name("DTYPE");
+}
+
+KvDtypes resolve_kv_dtypes(const KvDtypeArgs& args, DType fallback, bool pool_only) {
+  const auto parse = [&](const std::string& name, std::string_view flag) {
+    return pool_only ? parse_pool_kv_dtype(name, flag) : parse_kv_dtype(name, flag);
+  };
+  const DType both = args.both.empty() ? fallback : parse(args.both, "--kv-dtype");
+  return KvDtypes{args.k.empty() ? both : parse(args.k, "--kv-dtype-k"),
+                  args.v.empty() ? both : parse(args.v, "--kv-dtype-v")};
+}
+
+std::vector<char*> expand_kv_dtype_aliases(int argc, char** argv) {
+  static char k_flag[] = "--kv-dtype-k";
+  static char v_flag[] = "--kv-dtype-v";
+  std::vector<char*> out(argv, argv + argc);
+  for (char*& arg : out) {
+    if (std::string_view(arg) == "-ctk") arg = k_flag;
+    if (std::string_view(arg) == "-ctv") arg = v_flag;
+  }
+  return out;
 }
 
 int thread_count(int requested) {

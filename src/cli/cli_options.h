@@ -1,20 +1,42 @@
-// Option values shared by the commands that run a model (`run`, `serve`).
+// Option values shared by the commands that run a model (`run`, `serve`, `bench`, `plan`,
+// `perplexity`).
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/dtype.h"
 #include "engine/engine.h"
 
 namespace kvc::cli {
 
-// A --kv-dtype value: f32, f16, bf16, q8_0 (int8, q8) or q4_0 (int4, q4), any case; throws
-// Error naming the choices otherwise.
-DType parse_kv_dtype(std::string_view name);
-// A --kv-dtype value the block pool can store (f32 or f16); throws Error otherwise.
-DType parse_pool_kv_dtype(std::string_view name);
+// A KV dtype value of `flag`: f32, f16, bf16, q8_0 (int8, q8) or q4_0 (int4, q4), any case;
+// throws Error naming the flag and the choices otherwise.
+DType parse_kv_dtype(std::string_view name, std::string_view flag = "--kv-dtype");
+// A KV dtype the block pool can store (f32, f16, q8_0, q4_0); throws Error otherwise.
+DType parse_pool_kv_dtype(std::string_view name, std::string_view flag = "--kv-dtype");
+
+// The KV storage type flags: --kv-dtype sets both, --kv-dtype-k / --kv-dtype-v (llama.cpp's
+// -ctk / -ctv) override it for keys or values.
+struct KvDtypeArgs {
+  std::string both;  // --kv-dtype
+  std::string k;     // --kv-dtype-k
+  std::string v;     // --kv-dtype-v
+};
+struct KvDtypes {
+  DType k = DType::F16;
+  DType v = DType::F16;
+};
+// Adds the three flags to cmd; fallback names the type used when none is given.
+void add_kv_dtype_options(CLI::App& cmd, KvDtypeArgs& args, std::string_view fallback);
+// The K and V types the flags choose (fallback where none is given), parsed with
+// parse_pool_kv_dtype when pool_only, else parse_kv_dtype; throws Error naming the flag.
+KvDtypes resolve_kv_dtypes(const KvDtypeArgs& args, DType fallback, bool pool_only);
+// argv with llama.cpp's -ctk / -ctv spelled --kv-dtype-k / --kv-dtype-v (CLI11 takes only
+// one-letter short options); the pointers stay those of argv or static strings.
+std::vector<char*> expand_kv_dtype_aliases(int argc, char** argv);
 // The --threads value: requested if positive, else every core.
 int thread_count(int requested);
 

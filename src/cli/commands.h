@@ -10,5 +10,6 @@ void add_inspect_command(CLI::App& app);
 void add_make_model_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_perplexity_command(CLI::App& app);
 
 }  // namespace kvc::cli

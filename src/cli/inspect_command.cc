@@ -132,11 +132,12 @@ void inspect(const std::string& path, bool all_tensors) {
 
   std::printf("\nKV cache per token (all %d layers, K and V):\n", config->n_layers);
   for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0}) {
-    kv::KvGeometry g{config->n_layers, config->n_kv_heads, config->head_dim, 16, t};
-    const bool stored = config->head_dim % block_elements(t) == 0;
-    if (!stored) {
-      std::printf("  %-5s n/a (head dim %d is not a multiple of %d)\n",
-                  std::string(dtype_name(t)).c_str(), config->head_dim, block_elements(t));
+    const kv::KvGeometry g{config->n_layers, config->n_kv_heads, config->head_dim, 16, t, t};
+    try {
+      g.validate();
+    } catch (const Error&) {
+      std::printf("  %-5s n/a (no 32-value group fits %d KV heads of %d values)\n",
+                  std::string(dtype_name(t)).c_str(), config->n_kv_heads, config->head_dim);
       continue;
     }
     std::printf("  %-5s %8zu B/token  %s at the full context of %d tokens\n",

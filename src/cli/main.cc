@@ -6,6 +6,7 @@
 #include <exception>
 
 #include "base/error.h"
+#include "cli/cli_options.h"
 #include "cli/commands.h"
 #include "cli/plan_command.h"
 
@@ -22,8 +23,10 @@ int main(int argc, char** argv) {
   kvc::cli::add_make_model_command(app);
   kvc::cli::add_bench_command(app);
   kvc::cli::add_plan_command(app);
+  kvc::cli::add_perplexity_command(app);
   try {
-    app.parse(argc, argv);
+    std::vector<char*> args = kvc::cli::expand_kv_dtype_aliases(argc, argv);
+    app.parse(static_cast<int>(args.size()), args.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const kvc::Error& e) {

@@ -31,9 +31,7 @@ void add_plan_command(CLI::App& app) {
                   "Requests held at once, e.g. 1,8,32 (default 1)")
       ->delimiter(',')
       ->type_name("N[,N...]");
-  cmd->add_option("--kv-dtype", args->kv_dtype, "KV dtype: f32, f16, bf16, q8_0/int8, q4_0/int4")
-      ->type_name("DTYPE")
-      ->capture_default_str();
+  add_kv_dtype_options(*cmd, args->kv_dtypes, "f16");
   cmd->add_option("--block-tokens", args->block_tokens, "Tokens per KV block")
       ->type_name("N")
       ->capture_default_str();

@@ -166,7 +166,9 @@ Plan make_plan(const PlanArgs& args) {
   o.concurrencies = args.concurrencies.empty()
                         ? std::vector<uint64_t>{1}
                         : parse_count_list(args.concurrencies, "--concurrency");
-  o.kv_dtype = parse_kv_dtype(args.kv_dtype);
+  const KvDtypes kv = resolve_kv_dtypes(args.kv_dtypes, DType::F16, false);
+  o.k_dtype = kv.k;
+  o.v_dtype = kv.v;
   const uint64_t block = parse_count(args.block_tokens, "--block-tokens");
   if (block > 4096) fail("--block-tokens must be 1..4096, got {}", block);
   o.block_tokens = static_cast<int>(block);
@@ -207,8 +209,9 @@ std::string render_table(const Plan& plan) {
   std::string out;
   out += fmt::format("model    {}\n", source_line(plan.model));
   out += fmt::format("weights  {}\n", weights_line(plan.model));
-  out += fmt::format("KV       {}, {}-token blocks: {}/token, {}/block\n", dtype_name(f.kv_dtype),
-                     f.block_tokens, with_bytes(f.bytes_per_token), with_bytes(f.bytes_per_block));
+  out += fmt::format("KV       {}, {}-token blocks: {}/token, {}/block\n",
+                     kv::kv_dtypes_name(f.k_dtype, f.v_dtype), f.block_tokens,
+                     with_bytes(f.bytes_per_token), with_bytes(f.bytes_per_block));
   if (f.budget_bytes) {
     if (f.budget_includes_weights) {
       out += fmt::format("budget   {} including weights, leaving {} for KV\n",
@@ -225,15 +228,16 @@ std::string render_table(const Plan& plan) {
         "note     kvcache's block pool keeps every layer's K/V for every token; these figures "
         "are for a paged cache that frees a windowed layer's blocks once they leave its "
         "window\n";
+  } else if (!f.pool_layout && plan.model.attention.pool_geometry(DType::F16, DType::F16, 16)) {
+    out += fmt::format(
+        "note     kvcache's block pool cannot store this model's K/V as {} (bf16, or a head "
+        "shape no 32-value group fits); these figures are for a cache that quantises each "
+        "head's row on its own\n",
+        kv::kv_dtypes_name(f.k_dtype, f.v_dtype));
   } else if (!f.pool_layout) {
     out +=
         "note     kvcache's block pool stores K/V heads of one shape; these figures are for "
         "a paged cache of the same blocks that stores this model's layers as they are\n";
-  } else if (f.kv_dtype != DType::F32 && f.kv_dtype != DType::F16) {
-    out += fmt::format(
-        "note     kvcache's block pool stores f32 and f16; {} figures are for a "
-        "cache that stores {}\n",
-        dtype_name(f.kv_dtype), dtype_name(f.kv_dtype));
   }
 
   out += "\nper request\n";
@@ -285,7 +289,8 @@ std::string render_json(const Plan& plan) {
       {"parameters", m.parameters},
       {"weights_dtype", m.weights_dtype ? json(dtype_name(*m.weights_dtype)) : json()},
   };
-  out["kv_dtype"] = dtype_name(f.kv_dtype);
+  out["kv_dtype_k"] = dtype_name(f.k_dtype);
+  out["kv_dtype_v"] = dtype_name(f.v_dtype);
   out["block_tokens"] = f.block_tokens;
   out["pool_layout"] = f.pool_layout;
   out["bytes_per_token"] = f.bytes_per_token;
@@ -397,7 +402,8 @@ std::string render_svg(const Plan& plan) {
   out += fmt::format(
       "<text x=\"{}\" y=\"28\" font-size=\"16\" text-anchor=\"middle\">KV memory: {}, {} KV, "
       "{}-token blocks</text>\n",
-      kLeft + kPlotW / 2, xml_escape(plan.model.name), dtype_name(f.kv_dtype), f.block_tokens);
+      kLeft + kPlotW / 2, xml_escape(plan.model.name), kv::kv_dtypes_name(f.k_dtype, f.v_dtype),
+      f.block_tokens);
   out += fmt::format(
       "<defs><clipPath id=\"plot\"><rect x=\"{}\" y=\"{}\" width=\"{}\" "
       "height=\"{}\"/></clipPath></defs>\n",
@@ -512,15 +518,17 @@ void run_plan(const PlanArgs& args, std::ostream& out) {
       return;
     }
     nlohmann::json j = nlohmann::json::parse(render_json(plan));
-    j["tier_costs"] = nlohmann::json::parse(tier_cost_report(
-        args.model_path, args.tiers, block_tokens, thread_count(args.threads), true));
+    j["tier_costs"] = nlohmann::json::parse(
+        tier_cost_report(args.model_path, args.tiers, plan.options.k_dtype, plan.options.v_dtype,
+                         block_tokens, thread_count(args.threads), true));
     out << j.dump(2) << "\n";
   } else {
     out << render_table(plan);
     if (!args.plot_path.empty()) out << "\nplot written to " << args.plot_path << "\n";
     if (tiers) {
       out << "\n"
-          << tier_cost_report(args.model_path, args.tiers, block_tokens, thread_count(args.threads),
+          << tier_cost_report(args.model_path, args.tiers, plan.options.k_dtype,
+                              plan.options.v_dtype, block_tokens, thread_count(args.threads),
                               false);
     }
   }

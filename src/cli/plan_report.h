@@ -22,7 +22,7 @@ struct PlanArgs {
   std::string preset;                      // --preset NAME
   std::vector<std::string> contexts;       // --context: each "N" or "N,N,..."
   std::vector<std::string> concurrencies;  // --concurrency: as contexts; none means 1
-  std::string kv_dtype = "f16";            // --kv-dtype
+  KvDtypeArgs kv_dtypes;                   // --kv-dtype, --kv-dtype-k, --kv-dtype-v (f16)
   std::string block_tokens = std::to_string(kv::kDefaultBlockTokens);  // --block-tokens
   std::string budget;                // --budget: a size; empty for none
   std::string weights = "included";  // --weights: included or excluded from the budget

@@ -42,7 +42,7 @@ struct RunArgs {
   int threads = 0;
   std::string kv_memory;
   int block_tokens = kv::kDefaultBlockTokens;
-  std::string kv_dtype = "f32";
+  KvDtypeArgs kv_dtypes;
   int prefill_chunk = 512;
   bool ignore_eos = false;
   std::string prompts_file;
@@ -124,8 +124,8 @@ void run(const RunArgs& a) {
     prompts.push_back({a.prompt, ""});
   }
 
-  const DType kv_dtype = parse_pool_kv_dtype(a.kv_dtype);
-  const kv::KvGeometry geometry = config.kv_geometry(kv_dtype, a.block_tokens);
+  const KvDtypes kv_dtypes = resolve_kv_dtypes(a.kv_dtypes, DType::F16, true);
+  const kv::KvGeometry geometry = config.kv_geometry(kv_dtypes.k, kv_dtypes.v, a.block_tokens);
   // By default the pool holds one full context, which is all a single sequence can use.
   const uint64_t kv_bytes =
       a.kv_memory.empty()
@@ -137,7 +137,8 @@ void run(const RunArgs& a) {
   eo.kv_memory_bytes = kv_bytes;
   apply_tier_options(a.tiers, eo);
   eo.block_tokens = a.block_tokens;
-  eo.kv_dtype = kv_dtype;
+  eo.kv_k_dtype = kv_dtypes.k;
+  eo.kv_v_dtype = kv_dtypes.v;
   eo.threads = threads;
   eo.max_running = 1;
   eo.max_batch_tokens = a.prefill_chunk;
@@ -229,8 +230,7 @@ void add_run_command(CLI::App& app) {
                   "KV pool size, e.g. 256MiB (default: one full context)");
   cmd->add_option("--block-tokens", args->block_tokens, "Tokens per KV block")
       ->capture_default_str();
-  cmd->add_option("--kv-dtype", args->kv_dtype, "KV storage type: f32 or f16")
-      ->capture_default_str();
+  add_kv_dtype_options(*cmd, args->kv_dtypes, "f16");
   cmd->add_option("--prefill-chunk", args->prefill_chunk, "Prompt tokens per forward pass")
       ->capture_default_str();
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep generating after end-of-sequence");

@@ -32,7 +32,7 @@ struct ServeArgs {
   int port = 8080;
   std::string kv_memory;
   int block_tokens = kv::kDefaultBlockTokens;
-  std::string kv_dtype = "f32";
+  KvDtypeArgs kv_dtypes;
   std::string api_keys;
   bool no_prefix_cache = false;
   std::string chat_template;
@@ -59,7 +59,7 @@ void serve(const ServeArgs& a) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  const DType kv_dtype = parse_pool_kv_dtype(a.kv_dtype);
+  const KvDtypes kv_dtypes = resolve_kv_dtypes(a.kv_dtypes, DType::F16, true);
   if (a.port < 0 || a.port > 65535) fail("--port must be 0 to 65535, got {}", a.port);
   if (a.drain_seconds < 0) fail("--drain-seconds must be >= 0, got {}", a.drain_seconds);
   // A bad template name is reported before anything is loaded.
@@ -107,7 +107,8 @@ void serve(const ServeArgs& a) {
 
   engine::EngineOptions eo;
   eo.block_tokens = a.block_tokens;
-  eo.kv_dtype = kv_dtype;
+  eo.kv_k_dtype = kv_dtypes.k;
+  eo.kv_v_dtype = kv_dtypes.v;
   eo.threads = a.threads;
   eo.max_batch_tokens = a.max_batch_tokens;
   eo.max_running = a.max_running;
@@ -198,8 +199,7 @@ void add_serve_command(CLI::App& app) {
                   "KV pool size, e.g. 256MiB (default: max-running full contexts, within 2 GiB)");
   cmd->add_option("--block-tokens", args->block_tokens, "Tokens per KV block")
       ->capture_default_str();
-  cmd->add_option("--kv-dtype", args->kv_dtype, "KV storage type: f32 or f16")
-      ->capture_default_str();
+  add_kv_dtype_options(*cmd, args->kv_dtypes, "f16");
   cmd->add_option("--api-keys", args->api_keys,
                   "File of 'KEY TENANT [admin]' lines; requests then need 'Authorization: "
                   "Bearer KEY'");

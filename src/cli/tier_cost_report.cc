@@ -51,23 +51,24 @@ std::string reuse_text(double threshold) {
 
 }  // namespace
 
-std::string tier_cost_report(const std::string& model_path, const TierArgs& tiers, int block_tokens,
-                             int threads, bool json) {
+std::string tier_cost_report(const std::string& model_path, const TierArgs& tiers, DType k_dtype,
+                             DType v_dtype, int block_tokens, int threads, bool json) {
   const auto model = model::LlamaModel::load(model_path);
   const auto tokenizer = model::Tokenizer::from_gguf(model->file());
   engine::EngineOptions eo;
   apply_tier_options(tiers, eo);
   eo.block_tokens = block_tokens;
+  eo.kv_k_dtype = k_dtype;
+  eo.kv_v_dtype = v_dtype;
   eo.threads = threads;
   eo.max_running = 1;
   const engine::TierOptions tier_options = eo.kv_tiers;
   // The engine times its start-up passes only when it has a tier; the stores below are probed
   // separately, so the engine needs none of its own beyond a scratch directory.
-  const kv::KvGeometry g = model->config().kv_geometry(eo.kv_dtype, block_tokens);
+  const kv::KvGeometry g = model->config().kv_geometry(eo.kv_k_dtype, eo.kv_v_dtype, block_tokens);
   kv::TierIdentity id;
   id.model_fingerprint = model::model_fingerprint(model->file());
   id.geometry = g;
-  id.k_dtype = id.v_dtype = g.dtype;
   const auto tokens = static_cast<uint32_t>(block_tokens);
 
   double disk_ms = std::nan("");
@@ -132,12 +133,14 @@ std::string tier_cost_report(const std::string& model_path, const TierArgs& tier
            "\n";
   }
   std::string out = fmt::format(
-      "Drop or keep: a {}-token block of {} ({} KV), {} threads; recompute fitted from {} timed "
+      "Drop or keep: a {}-token block of {} ({}/{} K/V), {} threads; recompute fitted from {} "
+      "timed "
       "passes, loads timed with {} probe blocks.\n"
       "A tier pays for a block when the chance it is reused exceeds the break-even figure "
       "(the write, taken as one load, over what a hit saves); 'never' when recomputing is "
       "faster than loading.\n\n",
-      block_tokens, model_path, dtype_name(g.dtype), threads, fit.passes, kProbes);
+      block_tokens, model_path, dtype_name(g.k_dtype), dtype_name(g.v_dtype), threads, fit.passes,
+      kProbes);
   out += fmt::format("{:>8}  {:>13}", "depth", "recompute ms");
   if (!std::isnan(disk_ms))
     out += fmt::format("  {:>12}  {:>17}", "disk load ms", "disk break-even");

@@ -6,13 +6,14 @@
 
 #include <string>
 
+#include "base/dtype.h"
 #include "cli/cli_options.h"
 
 namespace kvc::cli {
 
 // Times the model and the tiers named in tiers and renders the table (or JSON with json).
 // Throws Error when the model cannot be loaded or a tier flag is bad.
-std::string tier_cost_report(const std::string& model_path, const TierArgs& tiers, int block_tokens,
-                             int threads, bool json);
+std::string tier_cost_report(const std::string& model_path, const TierArgs& tiers, DType k_dtype,
+                             DType v_dtype, int block_tokens, int threads, bool json);
 
 }  // namespace kvc::cli

@@ -32,7 +32,7 @@ Engine::Engine(const model::LlamaModel& model, const model::Tokenizer& tokenizer
       e2e_(Histogram::latency_ms_bounds()),
       queue_(Histogram::latency_ms_bounds()) {
   const auto& c = model_.config();
-  geometry_ = c.kv_geometry(options_.kv_dtype, options_.block_tokens);
+  geometry_ = c.kv_geometry(options_.kv_k_dtype, options_.kv_v_dtype, options_.block_tokens);
   uint64_t bytes = options_.kv_memory_bytes;
   if (bytes == 0) {
     // Room for every running sequence at full context, within 2 GiB but never below one.
@@ -123,8 +123,8 @@ Engine::~Engine() {
 
 kv::Hash256 Engine::namespace_for(const std::string& tenant_salt,
                                   const std::string& adapter) const {
-  return kv::namespace_hash(
-      {model_fingerprint_, options_.kv_dtype, options_.block_tokens, tenant_salt, adapter});
+  return kv::namespace_hash({model_fingerprint_, options_.kv_k_dtype, options_.kv_v_dtype,
+                             options_.block_tokens, tenant_salt, adapter});
 }
 
 void Engine::wake() {

@@ -34,11 +34,12 @@ namespace kvc::engine {
 struct EngineOptions {
   uint64_t kv_memory_bytes = 0;  // 0: room for max_running full contexts (within 2 GiB)
   int block_tokens = kv::kDefaultBlockTokens;
-  DType kv_dtype = DType::F32;
-  int threads = 0;             // 0: all cores
-  int max_batch_tokens = 512;  // tokens per forward pass (decodes + prefill chunks)
-  int max_running = 16;        // sequences admitted at once
-  size_t max_waiting = 256;    // queued requests before "overloaded"
+  DType kv_k_dtype = DType::F16;  // keys' storage type in the KV pool
+  DType kv_v_dtype = DType::F16;  // values' storage type
+  int threads = 0;                // 0: all cores
+  int max_batch_tokens = 512;     // tokens per forward pass (decodes + prefill chunks)
+  int max_running = 16;           // sequences admitted at once
+  size_t max_waiting = 256;       // queued requests before "overloaded"
   bool prefix_cache = true;
   bool partial_reuse = true;
   bool cache_aware = false;

@@ -33,7 +33,6 @@ KvCacheManager::KvCacheManager(const kv::KvGeometry& geometry, uint64_t memory_b
   kv::TierIdentity id;
   id.model_fingerprint = options_.model_fingerprint;
   id.geometry = geometry;
-  id.k_dtype = id.v_dtype = geometry.dtype;
   // Up to 256 blocks (or 64 MiB) wait for a tier; beyond that, blocks are not stored there.
   const uint64_t queue_bytes =
       std::max<uint64_t>(geometry.bytes_per_block(),

@@ -91,13 +91,18 @@ void BlockPool::copy_tokens(BlockId src, BlockId dst, int n_tokens) {
   }
   const uint8_t* from = data(src);
   uint8_t* to = data(dst);
-  const size_t head_row = row_bytes(geometry_.dtype, geometry_.head_dim);
-  // One contiguous run of n_tokens rows per (layer, K|V, kv head) segment.
-  for (int l = 0; l < geometry_.n_layers; ++l) {
+  const KvGeometry& g = geometry_;
+  // One contiguous run of n_tokens rows per slab (token grouping) or per head within it.
+  for (int l = 0; l < g.n_layers; ++l) {
     for (int kind = 0; kind < 2; ++kind) {
-      for (int h = 0; h < geometry_.n_kv_heads; ++h) {
-        const size_t at = geometry_.offset(l, kind, h, 0);
-        std::memcpy(to + at, from + at, head_row * n_tokens);
+      if (g.grouping(kind) == KvGrouping::kToken) {
+        const size_t at = g.slab_offset(l, kind);
+        std::memcpy(to + at, from + at, g.token_bytes(kind) * n_tokens);
+        continue;
+      }
+      for (int h = 0; h < g.n_kv_heads; ++h) {
+        const KvRun r = g.run(l, kind, h);
+        std::memcpy(to + r.offset, from + r.offset, r.stride * n_tokens);
       }
     }
   }

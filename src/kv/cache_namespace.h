@@ -1,6 +1,6 @@
 // Cache identity: the namespace a block lives in. Two blocks are shared only if everything
 // that shapes their keys and values agrees: model weights and tokenizer (the model
-// fingerprint), KV dtype, block size, tenant salt and adapter.
+// fingerprint), K and V dtypes, block size, tenant salt and adapter.
 //
 // Thread-safety: pure functions over values; safe from any thread.
 #pragma once
@@ -15,7 +15,8 @@ namespace kvc::kv {
 
 struct NamespaceKey {
   Hash256 model_fingerprint{};
-  DType kv_dtype = DType::F32;
+  DType k_dtype = DType::F16;
+  DType v_dtype = DType::F16;
   int block_tokens = kDefaultBlockTokens;
   std::string tenant_salt;  // per tenant (and per request cache_salt); empty for none
   std::string adapter;      // adapter id; empty for the base model

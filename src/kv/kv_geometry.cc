@@ -4,8 +4,31 @@
 
 namespace kvc::kv {
 
+namespace {
+
+constexpr int kGroup = 32;  // values per q8_0/q4_0 group
+
+bool quantised(DType t) {
+  return block_elements(t) > 1;
+}
+
+}  // namespace
+
+KvGrouping KvGeometry::grouping(int kind) const {
+  const DType t = dtype(kind);
+  return !quantised(t) || head_dim % kGroup == 0 ? KvGrouping::kHead : KvGrouping::kToken;
+}
+
+size_t KvGeometry::token_bytes(int kind) const {
+  const DType t = dtype(kind);
+  if (grouping(kind) == KvGrouping::kToken) {
+    return row_bytes(t, static_cast<size_t>(n_kv_heads) * head_dim);
+  }
+  return static_cast<size_t>(n_kv_heads) * row_bytes(t, head_dim);
+}
+
 size_t KvGeometry::bytes_per_token() const {
-  return static_cast<size_t>(n_layers) * 2 * n_kv_heads * row_bytes(dtype, head_dim);
+  return static_cast<size_t>(n_layers) * (token_bytes(0) + token_bytes(1));
 }
 
 size_t KvGeometry::bytes_per_block() const {
@@ -16,11 +39,41 @@ size_t KvGeometry::blocks_for_tokens(size_t n) const {
   return (n + block_tokens - 1) / block_tokens;
 }
 
+size_t KvGeometry::slab_offset(int layer, int kind) const {
+  const size_t k_slab = token_bytes(0) * block_tokens;
+  const size_t layer_bytes = k_slab + token_bytes(1) * block_tokens;
+  return static_cast<size_t>(layer) * layer_bytes + (kind == 0 ? 0 : k_slab);
+}
+
+KvRun KvGeometry::run(int layer, int kind, int kv_head) const {
+  const size_t slab = slab_offset(layer, kind);
+  const DType t = dtype(kind);
+  if (grouping(kind) == KvGrouping::kToken) {
+    const size_t element = static_cast<size_t>(kv_head) * head_dim;
+    return KvRun{slab + element / kGroup * block_bytes(t), token_bytes(kind),
+                 static_cast<int>(element % kGroup)};
+  }
+  const size_t head_row = row_bytes(t, head_dim);
+  return KvRun{slab + static_cast<size_t>(kv_head) * head_row * block_tokens, head_row, 0};
+}
+
 size_t KvGeometry::offset(int layer, int kind, int kv_head, int token) const {
-  const size_t head_row = row_bytes(dtype, head_dim);
-  const size_t per_head = head_row * block_tokens;
-  return ((static_cast<size_t>(layer) * 2 + kind) * n_kv_heads + kv_head) * per_head +
-         static_cast<size_t>(token) * head_row;
+  const KvRun r = run(layer, kind, kv_head);
+  return r.offset + static_cast<size_t>(token) * r.stride;
+}
+
+void KvGeometry::store_token(uint8_t* block, int layer, int kind, int slot,
+                             const float* values) const {
+  const DType t = dtype(kind);
+  if (grouping(kind) == KvGrouping::kToken) {
+    const size_t at = slab_offset(layer, kind) + static_cast<size_t>(slot) * token_bytes(kind);
+    quantize_row(t, values, block + at, static_cast<size_t>(n_kv_heads) * head_dim);
+    return;
+  }
+  for (int h = 0; h < n_kv_heads; ++h) {
+    quantize_row(t, values + static_cast<size_t>(h) * head_dim,
+                 block + offset(layer, kind, h, slot), head_dim);
+  }
 }
 
 void KvGeometry::validate() const {
@@ -30,9 +83,23 @@ void KvGeometry::validate() const {
   if (block_tokens <= 0 || block_tokens > 4096) {
     fail("KV geometry: block size must be 1..4096 tokens, got {}", block_tokens);
   }
-  if (dtype != DType::F32 && dtype != DType::F16) {
-    fail("KV geometry: the block pool stores f32 or f16 keys and values, not {}",
-         dtype_name(dtype));
+  for (int kind = 0; kind < 2; ++kind) {
+    const DType t = dtype(kind);
+    const char* what = kind == 0 ? "keys" : "values";
+    if (t != DType::F32 && t != DType::F16 && t != DType::Q8_0 && t != DType::Q4_0) {
+      fail("KV geometry: the block pool stores {} as f32, f16, q8_0 or q4_0, not {}", what,
+           dtype_name(t));
+    }
+    if (!quantised(t) || head_dim % kGroup == 0) continue;
+    const int per_token = n_kv_heads * head_dim;
+    if (kGroup % head_dim != 0 || per_token % kGroup != 0) {
+      fail(
+          "KV geometry: {} {} groups 32 values, either along one head (head dim a multiple of "
+          "32) or across the KV heads of a token (head dim dividing 32, KV heads x head dim a "
+          "multiple of 32); head dim {} with {} KV heads ({} values per token) fits neither; "
+          "use f16 or f32",
+          what, dtype_name(t), head_dim, n_kv_heads, per_token);
+    }
   }
 }
 

@@ -35,12 +35,12 @@ uint64_t row_bytes_rounded(DType dtype, int elements) {
 // The cost model behind every figure: exact and whole-block bytes of one request.
 class Costing {
  public:
-  Costing(const AttentionGeometry& geometry, DType dtype, int block_tokens)
+  Costing(const AttentionGeometry& geometry, DType k_dtype, DType v_dtype, int block_tokens)
       : geometry_(geometry),
-        pool_(geometry.pool_geometry(dtype, block_tokens)),
+        pool_(geometry.pool_geometry(k_dtype, v_dtype, block_tokens)),
         block_tokens_(static_cast<uint64_t>(block_tokens)) {
     for (const auto& layer : geometry.layers) {
-      token_bytes_.push_back(layer_token_bytes(layer, dtype));
+      token_bytes_.push_back(layer_token_bytes(layer, k_dtype, v_dtype));
       bytes_per_token_ += token_bytes_.back();
       if (layer.window == 0 && token_bytes_.back() > 0) {
         min_full_token_bytes_ = std::min(min_full_token_bytes_, token_bytes_.back());
@@ -145,11 +145,11 @@ AttentionGeometry AttentionGeometry::from_kv_geometry(const KvGeometry& geometry
   return uniform(geometry.n_layers, geometry.n_kv_heads, geometry.head_dim);
 }
 
-std::optional<KvGeometry> AttentionGeometry::pool_geometry(DType dtype, int block_tokens) const {
+std::optional<KvGeometry> AttentionGeometry::pool_geometry(DType k_dtype, DType v_dtype,
+                                                           int block_tokens) const {
   if (layers.empty()) return std::nullopt;
   const AttentionLayer& first = layers.front();
-  if (first.kv_heads <= 0 || first.k_head_dim <= 0 || first.k_head_dim != first.v_head_dim ||
-      first.k_head_dim % block_elements(dtype) != 0) {
+  if (first.kv_heads <= 0 || first.k_head_dim <= 0 || first.k_head_dim != first.v_head_dim) {
     return std::nullopt;
   }
   for (const auto& layer : layers) {
@@ -158,8 +158,18 @@ std::optional<KvGeometry> AttentionGeometry::pool_geometry(DType dtype, int bloc
       return std::nullopt;
     }
   }
-  return KvGeometry{static_cast<int>(layers.size()), first.kv_heads, first.k_head_dim, block_tokens,
-                    dtype};
+  const KvGeometry g{static_cast<int>(layers.size()),
+                     first.kv_heads,
+                     first.k_head_dim,
+                     block_tokens,
+                     k_dtype,
+                     v_dtype};
+  try {
+    g.validate();
+  } catch (const Error&) {
+    return std::nullopt;  // a dtype or grouping the pool cannot store: costed per layer
+  }
+  return g;
 }
 
 bool AttentionGeometry::is_mla() const {
@@ -192,10 +202,10 @@ void AttentionGeometry::validate() const {
   if (!any_cache) fail("attention geometry: no layer keeps a KV cache");
 }
 
-uint64_t layer_token_bytes(const AttentionLayer& layer, DType dtype) {
-  if (layer.latent_dim > 0) return row_bytes_rounded(dtype, layer.latent_dim);
-  return static_cast<uint64_t>(layer.kv_heads) *
-         (row_bytes_rounded(dtype, layer.k_head_dim) + row_bytes_rounded(dtype, layer.v_head_dim));
+uint64_t layer_token_bytes(const AttentionLayer& layer, DType k_dtype, DType v_dtype) {
+  if (layer.latent_dim > 0) return row_bytes_rounded(k_dtype, layer.latent_dim);
+  return static_cast<uint64_t>(layer.kv_heads) * (row_bytes_rounded(k_dtype, layer.k_head_dim) +
+                                                  row_bytes_rounded(v_dtype, layer.v_head_dim));
 }
 
 MemoryPlan plan_memory(const AttentionGeometry& geometry, const PlanOptions& options) {
@@ -210,9 +220,10 @@ MemoryPlan plan_memory(const AttentionGeometry& geometry, const PlanOptions& opt
     if (n == 0) fail("concurrency must be positive, got 0");
   }
 
-  const Costing cost(geometry, options.kv_dtype, options.block_tokens);
+  const Costing cost(geometry, options.k_dtype, options.v_dtype, options.block_tokens);
   MemoryPlan plan;
-  plan.kv_dtype = options.kv_dtype;
+  plan.k_dtype = options.k_dtype;
+  plan.v_dtype = options.v_dtype;
   plan.block_tokens = options.block_tokens;
   plan.pool_layout = cost.pool().has_value();
   plan.bytes_per_token = cost.bytes_per_token();
@@ -270,10 +281,16 @@ MemoryPlan plan_memory(const AttentionGeometry& geometry, const PlanOptions& opt
   return plan;
 }
 
+std::string kv_dtypes_name(DType k_dtype, DType v_dtype) {
+  if (k_dtype == v_dtype) return std::string(dtype_name(k_dtype));
+  return fmt::format("K {} / V {}", dtype_name(k_dtype), dtype_name(v_dtype));
+}
+
 std::string startup_summary(const KvGeometry& geometry, size_t pool_bytes, size_t context) {
   geometry.validate();
   PlanOptions options;
-  options.kv_dtype = geometry.dtype;
+  options.k_dtype = geometry.k_dtype;
+  options.v_dtype = geometry.v_dtype;
   options.block_tokens = geometry.block_tokens;
   options.budget_bytes = pool_bytes;
   options.budget_includes_weights = false;
@@ -285,8 +302,9 @@ std::string startup_summary(const KvGeometry& geometry, size_t pool_bytes, size_
   std::string out = fmt::format(
       "KV cache: {}, {}-token blocks, {} B/token, {} B/block, {} blocks = {} B ({}), holds {} "
       "tokens",
-      dtype_name(plan.kv_dtype), plan.block_tokens, plan.bytes_per_token, plan.bytes_per_block,
-      *plan.pool_blocks, *plan.pool_bytes, format_bytes(*plan.pool_bytes), *plan.pool_tokens);
+      kv_dtypes_name(plan.k_dtype, plan.v_dtype), plan.block_tokens, plan.bytes_per_token,
+      plan.bytes_per_block, *plan.pool_blocks, *plan.pool_bytes, format_bytes(*plan.pool_bytes),
+      *plan.pool_tokens);
   if (context > 0) {
     const RequestFigures& r = plan.requests.front();
     out += fmt::format(

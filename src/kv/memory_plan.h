@@ -41,21 +41,26 @@ struct AttentionGeometry {
   // The same layers as kv's block pool sees them.
   static AttentionGeometry from_kv_geometry(const KvGeometry& geometry);
 
-  // The block pool's geometry when every layer is full attention with one K/V head shape whose
-  // rows are whole quantisation blocks of dtype; nullopt when the pool cannot store the model.
-  std::optional<KvGeometry> pool_geometry(DType dtype, int block_tokens) const;
+  // The block pool's geometry when every layer is full attention with one K/V head shape that
+  // the pool stores in these dtypes (KvGeometry::validate); nullopt otherwise.
+  std::optional<KvGeometry> pool_geometry(DType k_dtype, DType v_dtype, int block_tokens) const;
   bool is_mla() const;
   bool has_window() const;
   // Throws Error naming the layer when a dimension is negative or no layer caches anything.
   void validate() const;
 };
 
-// Bytes of one token of one layer at dtype; a row shorter than a quantisation block still
+// Bytes of one token of one layer, keys at k_dtype and values (or an MLA latent: k_dtype) at
+// v_dtype, for geometries the pool cannot store: a row shorter than a quantisation block still
 // takes a whole block, since each head's row is quantised on its own.
-uint64_t layer_token_bytes(const AttentionLayer& layer, DType dtype);
+uint64_t layer_token_bytes(const AttentionLayer& layer, DType k_dtype, DType v_dtype);
+
+// "f16" when both are the same, else "K q8_0 / V f16", for reports and logs.
+std::string kv_dtypes_name(DType k_dtype, DType v_dtype);
 
 struct PlanOptions {
-  DType kv_dtype = DType::F16;
+  DType k_dtype = DType::F16;
+  DType v_dtype = DType::F16;
   int block_tokens = kDefaultBlockTokens;
   std::vector<uint64_t> contexts;       // tokens per request
   std::vector<uint64_t> concurrencies;  // requests held at once
@@ -90,7 +95,8 @@ struct ConcurrencyFigures {
 };
 
 struct MemoryPlan {
-  DType kv_dtype = DType::F16;
+  DType k_dtype = DType::F16;
+  DType v_dtype = DType::F16;
   int block_tokens = kDefaultBlockTokens;
   bool pool_layout = false;      // figures come from KvGeometry, as the block pool allocates
   uint64_t bytes_per_token = 0;  // one token, every layer, before any window cap

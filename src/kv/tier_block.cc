@@ -61,8 +61,8 @@ TierBlockHeader make_tier_header(const TierIdentity& identity, const Hash256& ns
   h.n_kv_heads = identity.geometry.n_kv_heads;
   h.head_dim = identity.geometry.head_dim;
   h.block_tokens = identity.geometry.block_tokens;
-  h.k_dtype = identity.k_dtype;
-  h.v_dtype = identity.v_dtype;
+  h.k_dtype = identity.geometry.k_dtype;
+  h.v_dtype = identity.geometry.v_dtype;
   h.token_count = token_count;
   return h;
 }
@@ -161,9 +161,9 @@ std::string identity_mismatch(const TierBlockHeader& h, const TierIdentity& iden
                        h.n_kv_heads, h.head_dim, h.block_tokens, g.n_layers, g.n_kv_heads,
                        g.head_dim, g.block_tokens);
   }
-  if (h.k_dtype != identity.k_dtype || h.v_dtype != identity.v_dtype) {
+  if (h.k_dtype != g.k_dtype || h.v_dtype != g.v_dtype) {
     return fmt::format("K/V dtypes {}/{}, not {}/{}", dtype_name(h.k_dtype), dtype_name(h.v_dtype),
-                       dtype_name(identity.k_dtype), dtype_name(identity.v_dtype));
+                       dtype_name(g.k_dtype), dtype_name(g.v_dtype));
   }
   return {};
 }

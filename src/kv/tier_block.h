@@ -33,12 +33,11 @@ namespace kvc::kv {
 inline constexpr uint32_t kTierBlockVersion = 1;
 inline constexpr size_t kTierHeaderBytes = 192;
 
-// What a stored block must match to be used here: the same model and the same layout.
+// What a stored block must match to be used here: the same model and the same layout (the
+// geometry carries the K and V dtypes).
 struct TierIdentity {
   Hash256 model_fingerprint{};
   KvGeometry geometry;
-  DType k_dtype = DType::F32;
-  DType v_dtype = DType::F32;
 };
 
 struct TierBlockHeader {

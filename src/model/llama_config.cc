@@ -69,13 +69,14 @@ LlamaConfig LlamaConfig::from_gguf(const gguf::File& f) {
   return c;
 }
 
-kv::KvGeometry LlamaConfig::kv_geometry(DType kv_dtype, int block_tokens) const {
+kv::KvGeometry LlamaConfig::kv_geometry(DType k_dtype, DType v_dtype, int block_tokens) const {
   kv::KvGeometry g;
   g.n_layers = n_layers;
   g.n_kv_heads = n_kv_heads;
   g.head_dim = head_dim;
   g.block_tokens = block_tokens;
-  g.dtype = kv_dtype;
+  g.k_dtype = k_dtype;
+  g.v_dtype = v_dtype;
   g.validate();
   return g;
 }

@@ -34,8 +34,9 @@ struct LlamaConfig {
 
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
-  // The KV storage shape of this model for a given KV dtype and block size.
-  kv::KvGeometry kv_geometry(DType kv_dtype, int block_tokens) const;
+  // The KV storage shape of this model for given K and V dtypes and block size; throws Error
+  // when the pool cannot store the model's heads in a dtype (KvGeometry::validate).
+  kv::KvGeometry kv_geometry(DType k_dtype, DType v_dtype, int block_tokens) const;
 };
 
 }  // namespace kvc::model

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "base/error.h"
-#include "base/kernels.h"
+#include "base/kv_attention.h"
 
 namespace kvc::model {
 
@@ -122,13 +122,16 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
           const size_t n_pos = static_cast<size_t>(row.pos) + 1;
           scores.resize(n_pos);
           const int bt = g.block_tokens;
-          // Keys and values of one (layer, kv head) sit contiguously within each block: score and
-          // accumulate a block's run of positions at a time, in position order.
+          const kv::KvRun k_run = g.run(layer, 0, kvh);
+          const kv::KvRun v_run = g.run(layer, 1, kvh);
+          // Keys and values of one (layer, kv head) sit at a fixed stride within each block: score
+          // and accumulate a block's run of positions at a time, in position order, reading the
+          // stored bytes in place whatever their dtype.
           for (size_t t0 = 0; t0 < n_pos; t0 += bt) {
             const size_t n = std::min<size_t>(bt, n_pos - t0);
             const uint8_t* block = pool.data(row.table->block_of(t0));
-            kernels::attention_scores(g.dtype, q, block + g.offset(layer, 0, kvh, 0), n, hd, scale,
-                                      scores.data() + t0);
+            const kernels::KvRows keys{g.k_dtype, block + k_run.offset, k_run.stride, k_run.first};
+            kernels::kv_scores(keys, q, n, hd, scale, scores.data() + t0);
           }
           float max = scores[0];
           for (size_t t = 1; t < n_pos; ++t) max = std::max(max, scores[t]);
@@ -141,8 +144,9 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
           for (size_t t0 = 0; t0 < n_pos; t0 += bt) {
             const size_t n = std::min<size_t>(bt, n_pos - t0);
             const uint8_t* block = pool.data(row.table->block_of(t0));
-            kernels::attention_accumulate(g.dtype, scores.data() + t0,
-                                          block + g.offset(layer, 1, kvh, 0), n, hd, out);
+            const kernels::KvRows values{g.v_dtype, block + v_run.offset, v_run.stride,
+                                         v_run.first};
+            kernels::kv_accumulate(values, scores.data() + t0, n, hd, out);
           }
           const float inv = 1.0f / sum;
           for (int i = 0; i < hd; ++i) out[i] *= inv;
@@ -225,11 +229,8 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
       const kv::BlockTable& table = *rows[r].table;
       uint8_t* block = pool.data(table.block_of(rows[r].pos));
       const int slot = table.slot_of(rows[r].pos);
-      for (int h = 0; h < c.n_kv_heads; ++h) {
-        const size_t src = r * c.kv_dim() + static_cast<size_t>(h) * c.head_dim;
-        quantize_row(g.dtype, &s.k[src], block + g.offset(l, 0, h, slot), c.head_dim);
-        quantize_row(g.dtype, &s.v[src], block + g.offset(l, 1, h, slot), c.head_dim);
-      }
+      g.store_token(block, l, 0, slot, &s.k[r * c.kv_dim()]);
+      g.store_token(block, l, 1, slot, &s.v[r * c.kv_dim()]);
     }
     attention(threads, pool, rows, l, s);
     matmul(threads, w.wo, s.attn.data(), n, s.xb.data(), s.activations);

@@ -79,7 +79,8 @@ std::string render_metrics(const engine::Engine& engine, const std::string& mode
   p.family("kvcache_info", "gauge", "The served model and KV layout (value is always 1).");
   p.sample("kvcache_info",
            {{"model", model_id},
-            {"kv_dtype", std::string(dtype_name(options.kv_dtype))},
+            {"kv_dtype_k", std::string(dtype_name(options.kv_k_dtype))},
+            {"kv_dtype_v", std::string(dtype_name(options.kv_v_dtype))},
             {"block_tokens", std::to_string(options.block_tokens)}},
            1);
 

@@ -54,8 +54,22 @@ TEST(Cli, RunReproducesTheReferenceStoryAndReportsSpeedAndKvBytes) {
             "the park. One day, she saw a big, red ball. She wanted to play with it,\n");
   EXPECT_THAT(r.err, HasSubstr("prompt: 5 tokens"));
   EXPECT_THAT(r.err, HasSubstr("decode: 48 tokens"));
-  EXPECT_THAT(r.err, HasSubstr("1280 B/token"));
-  EXPECT_THAT(r.err, HasSubstr("KV used: 4 blocks = 81920 bytes"));
+  EXPECT_THAT(r.err, HasSubstr("KV cache: f16, 16-token blocks, 640 B/token"));
+  EXPECT_THAT(r.err, HasSubstr("KV used: 4 blocks = 40960 bytes"));
+}
+
+// q8_0 keys and q4_0 values (llama.cpp's -ctk/-ctv): 5 layers x (34 + 18) B per token.
+TEST(Cli, RunStoresQuantisedKeysAndValues) {
+  KVC_REQUIRE_STORIES(model);
+  const Result r =
+      kvcache("run -m " + model + " -p 'Once upon a time' -n 24 --temp 0 -ctk q8_0 -ctv q4_0");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Once upon a time, there was a little girl"));
+  EXPECT_THAT(r.err, HasSubstr("KV cache: K q8_0 / V q4_0, 16-token blocks, 260 B/token"));
+  const Result p = kvcache("plan --model " + model + " --context 2048 --kv-dtype q8_0 --json");
+  ASSERT_EQ(p.status, 0) << p.err;
+  EXPECT_THAT(p.out, HasSubstr("\"kv_dtype_k\": \"q8_0\""));
+  EXPECT_THAT(p.out, HasSubstr("\"bytes_per_token\": 340"));
 }
 
 TEST(Cli, SeededSamplingIsReproducible) {
@@ -92,16 +106,19 @@ TEST(Cli, BadInputsGiveClearErrors) {
   r = kvcache("run -m " + tiny + " --kv-memory 1KiB -n 4");
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.err, HasSubstr("holds no block"));
-  r = kvcache("run -m " + tiny + " --kv-memory 40KiB -n 200 --ignore-eos");
+  r = kvcache("run -m " + tiny + " --kv-memory 40KiB -n 200 --ignore-eos --kv-dtype f32");
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.err,
               HasSubstr("the pool has 5 blocks in all; lower max_tokens or raise --kv-memory"));
   r = kvcache("run -m " + tiny + " --top-p 0 -n 4");
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.err, HasSubstr("top_p"));
-  r = kvcache("run -m " + tiny + " --kv-dtype q4_0 -n 4");
+  r = kvcache("run -m " + tiny + " --kv-dtype bf16 -n 4");
   EXPECT_EQ(r.status, 1);
-  EXPECT_THAT(r.err, HasSubstr("--kv-dtype"));
+  EXPECT_THAT(r.err, HasSubstr("--kv-dtype: the KV pool stores f32, f16, q8_0 or q4_0, not bf16"));
+  r = kvcache("run -m " + tiny + " -ctk q8_0 -ctv q5_1 -n 4");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("--kv-dtype-v: unknown KV dtype 'q5_1'"));
 }
 
 TEST(Cli, InspectShowsShapesTokenizerAndKvBytes) {
@@ -114,7 +131,8 @@ TEST(Cli, InspectShowsShapesTokenizerAndKvBytes) {
   EXPECT_THAT(r.out, HasSubstr("tokenizer: llama, 512 tokens, bos 1, eos 2"));
   EXPECT_THAT(r.out, HasSubstr("f32       1280 B/token"));
   EXPECT_THAT(r.out, HasSubstr("f16        640 B/token"));
-  EXPECT_THAT(r.out, HasSubstr("q8_0  n/a (head dim 8 is not a multiple of 32)"));
+  EXPECT_THAT(r.out, HasSubstr("q8_0       340 B/token"));
+  EXPECT_THAT(r.out, HasSubstr("q4_0       180 B/token"));
 }
 
 TEST(Cli, InspectReadsAVocabularyOnlyFile) {
@@ -220,9 +238,39 @@ TEST(Cli, ServeAnswersHealthAndDrainsOnSigterm) {
   ASSERT_TRUE(WIFEXITED(status)) << slurp(err);
   EXPECT_EQ(WEXITSTATUS(status), 0) << slurp(err);
   const std::string log = slurp(err);
-  EXPECT_THAT(log, HasSubstr("KV cache: f32, 16-token blocks"));
+  EXPECT_THAT(log, HasSubstr("KV cache: f16, 16-token blocks"));
   EXPECT_THAT(log, HasSubstr("draining"));
   EXPECT_THAT(log, HasSubstr("stopped: 1 requests completed, 0 cancelled"));
+}
+
+// `kvcache perplexity`: figures on stdout (or --json), progress on stderr, clear errors.
+TEST(Cli, PerplexityScoresAFileAndNamesBadInput) {
+  const std::string model = testing::synthetic_model_path("tiny", DType::F32);
+  const std::string text = (testing::scratch_dir() / "story.txt").string();
+  std::string story;
+  for (int i = 0; i < 40; ++i) story += "Once upon a time there was a little dog. ";
+  std::ofstream(text) << story;
+  Result r = kvcache("perplexity -m " + model + " -f " + text + " -c 64 --json -ctk q8_0");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"kv_dtype_k\": \"q8_0\""));
+  EXPECT_THAT(r.out, HasSubstr("\"ppl\": "));
+  EXPECT_THAT(r.err, HasSubstr("perplexity: chunk"));
+  const std::string empty = (testing::scratch_dir() / "empty.txt").string();
+  std::ofstream(empty).flush();
+  r = kvcache("perplexity -m " + model + " -f " + empty);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("the text is empty"));
+  r = kvcache("perplexity -m " + model + " -f " + text + " -c 100000");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("larger than the model's"));
+  const std::string short_text = (testing::scratch_dir() / "short.txt").string();
+  std::ofstream(short_text) << "Once upon a time";
+  r = kvcache("perplexity -m " + model + " -f " + short_text + " -c 64");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("fewer than one chunk of 64"));
+  r = kvcache("perplexity -m " + model + " -f " + text + " --kl-divergence");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("give --kl-divergence-base FILE too"));
 }
 
 }  // namespace

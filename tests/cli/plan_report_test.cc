@@ -271,7 +271,7 @@ TEST(PlanReport, ConfigSourceAndExcludedWeights) {
   a.contexts = {"2048"};
   a.budget = "1GiB";
   a.weights = "excluded";
-  a.kv_dtype = "q8_0";
+  a.kv_dtypes.both = "q8_0";
   const Plan p = make_plan(a);
   EXPECT_EQ(p.model.weights_dtype, DType::F16);
   EXPECT_EQ(p.figures.bytes_per_token, 22u * 2 * 4 * 68);

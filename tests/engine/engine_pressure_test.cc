@@ -28,7 +28,7 @@ double cpu_seconds() {
 }
 
 uint64_t block_bytes(const Loaded& m, int block_tokens = 16) {
-  return m.model->config().kv_geometry(DType::F32, block_tokens).bytes_per_block();
+  return m.model->config().kv_geometry(DType::F16, DType::F16, block_tokens).bytes_per_block();
 }
 
 // Waits for a request's end, failing (not hanging) after `seconds`.

@@ -33,7 +33,8 @@ TEST(Engine, ConcurrentBatchedChunkedPreemptedRequestsMatchSoloRuns) {
   o.max_batch_tokens = 24;  // prefills arrive in chunks, mixed with decodes
   o.max_running = 6;
   // 30 blocks of 8 tokens: six ~70-token sequences cannot all fit, so some are preempted.
-  o.kv_memory_bytes = m.model->config().kv_geometry(DType::F32, 8).bytes_per_block() * 30;
+  o.kv_memory_bytes =
+      m.model->config().kv_geometry(DType::F16, DType::F16, 8).bytes_per_block() * 30;
   Engine engine(*m.model, *m.tokenizer, o);
   model::Rng rng(99);
   const auto shared = random_prompt(rng, n_vocab, 30);
@@ -53,7 +54,7 @@ TEST(Engine, ConcurrentBatchedChunkedPreemptedRequestsMatchSoloRuns) {
   std::vector<Outcome> outcomes;
   for (auto& h : handles) outcomes.push_back(collect(*h));
 
-  const kv::KvGeometry g = m.model->config().kv_geometry(DType::F32, 8);
+  const kv::KvGeometry g = m.model->config().kv_geometry(DType::F16, DType::F16, 8);
   kv::BlockPool solo_pool(g, g.bytes_per_block() * 64);
   ThreadPool threads(1);
   Generator solo(*m.model, solo_pool, threads);
@@ -95,7 +96,8 @@ TEST(Engine, ExhaustedPoolStillFinishesEveryLongRequest) {
   o.block_tokens = 16;
   o.threads = 1;
   o.max_running = 8;
-  o.kv_memory_bytes = m.model->config().kv_geometry(DType::F32, 16).bytes_per_block() * 24;
+  o.kv_memory_bytes =
+      m.model->config().kv_geometry(DType::F16, DType::F16, 16).bytes_per_block() * 24;
   Engine engine(*m.model, *m.tokenizer, o);
   model::Rng rng(3);
   std::vector<std::shared_ptr<RequestHandle>> handles;
@@ -134,7 +136,8 @@ TEST(Engine, OverloadAndOversizeAreClearErrors) {
   o.threads = 1;
   o.max_running = 1;
   o.max_waiting = 2;
-  o.kv_memory_bytes = m.model->config().kv_geometry(DType::F32, 16).bytes_per_block() * 8;
+  o.kv_memory_bytes =
+      m.model->config().kv_geometry(DType::F16, DType::F16, 16).bytes_per_block() * 8;
   Engine engine(*m.model, *m.tokenizer, o);
   const auto too_long = [&] {
     std::vector<int32_t> p(600, 5);
@@ -177,7 +180,8 @@ TEST(Engine, SessionTurnsReuseThePreviousContext) {
   EngineOptions o;
   o.threads = 2;
   o.block_tokens = 16;
-  o.kv_memory_bytes = m.model->config().kv_geometry(DType::F32, 16).bytes_per_block() * 40;
+  o.kv_memory_bytes =
+      m.model->config().kv_geometry(DType::F16, DType::F16, 16).bytes_per_block() * 40;
   Engine engine(*m.model, *m.tokenizer, o);
   const kv::Hash256 ns = engine.namespace_for("");
   model::Rng rng(8);

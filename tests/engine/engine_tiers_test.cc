@@ -109,7 +109,7 @@ TEST(EngineTiers, CompressedAndEncryptedBlocksGiveBitIdenticalLogits) {
         6.0 * static_cast<double>(kv::kTierHeaderBytes + e.geometry().bytes_per_block());
     std::printf("[ measured ] %s on stories260K KV (%s): %.3f of the raw bytes\n",
                 std::string(kv::tier_compression_name(c)).c_str(),
-                std::string(dtype_name(e.geometry().dtype)).c_str(),
+                std::string(dtype_name(e.geometry().k_dtype)).c_str(),
                 static_cast<double>(st.bytes_written) / raw);
   }
 }

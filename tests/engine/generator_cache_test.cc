@@ -52,17 +52,18 @@ std::string model_path() {
   return stories.empty() ? testing::synthetic_model_path("tiny", DType::F32) : stories;
 }
 
-TEST(GeneratorCache, RandomSharedWorkloadUnderEvictionIsBitIdenticalToNoCache) {
+void expect_shared_workload_bit_identical(DType k_dtype, DType v_dtype) {
+  SCOPED_TRACE(::testing::Message() << "KV " << dtype_name(k_dtype) << "/" << dtype_name(v_dtype));
   const auto model = model::LlamaModel::load(model_path());
   const int n_vocab = model->config().n_vocab;
-  const kv::KvGeometry g = model->config().kv_geometry(DType::F32, 8);
+  const kv::KvGeometry g = model->config().kv_geometry(k_dtype, v_dtype, 8);
   // Small enough that the workload evicts: about four sequences' worth of blocks.
   kv::BlockPool cached_pool(g, g.bytes_per_block() * 40);
   kv::BlockPool plain_pool(g, g.bytes_per_block() * 40);
   kv::PrefixIndex index(cached_pool);
   ThreadPool threads(2);
   Generator cached(*model, cached_pool, threads), plain(*model, plain_pool, threads);
-  kv::NamespaceKey key{model::model_fingerprint(model->file()), DType::F32, 8, "", ""};
+  kv::NamespaceKey key{model::model_fingerprint(model->file()), k_dtype, v_dtype, 8, "", ""};
   const CacheContext tenant_a{&index, kv::namespace_hash(key)};
   key.tenant_salt = "b";
   const CacheContext tenant_b{&index, kv::namespace_hash(key)};
@@ -103,11 +104,19 @@ TEST(GeneratorCache, RandomSharedWorkloadUnderEvictionIsBitIdenticalToNoCache) {
   EXPECT_EQ(cached_pool.counts().free, cached_pool.num_blocks());  // nothing leaked
 }
 
+// Prefixes cut anywhere (partial blocks copied byte for byte) under eviction, with f16 and
+// with quantised keys and values: quantised once when written, a hit reads the same bytes.
+TEST(GeneratorCache, RandomSharedWorkloadUnderEvictionIsBitIdenticalToNoCache) {
+  expect_shared_workload_bit_identical(DType::F16, DType::F16);
+  expect_shared_workload_bit_identical(DType::Q8_0, DType::Q8_0);
+  expect_shared_workload_bit_identical(DType::Q4_0, DType::Q8_0);
+}
+
 // Two samples forked from one prompt share its blocks; each continuation's logits equal the
 // same sequence run alone.
 TEST(GeneratorCache, ForkedSamplesMatchTheirSoloRuns) {
   const auto model = model::LlamaModel::load(model_path());
-  const kv::KvGeometry g = model->config().kv_geometry(DType::F32, 16);
+  const kv::KvGeometry g = model->config().kv_geometry(DType::F16, DType::F16, 16);
   kv::BlockPool pool(g, g.bytes_per_block() * 32);
   ThreadPool threads(2);
   model::ForwardScratch scratch;
@@ -139,7 +148,7 @@ TEST(GeneratorCache, ForkedSamplesMatchTheirSoloRuns) {
 
 TEST(GeneratorCache, MissReasonsReachTheCaller) {
   const auto model = model::LlamaModel::load(testing::synthetic_model_path("tiny", DType::F32));
-  const kv::KvGeometry g = model->config().kv_geometry(DType::F32, 16);
+  const kv::KvGeometry g = model->config().kv_geometry(DType::F16, DType::F16, 16);
   kv::BlockPool pool(g, g.bytes_per_block() * 32);
   kv::PrefixIndex index(pool);
   ThreadPool threads(1);

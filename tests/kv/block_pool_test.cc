@@ -11,7 +11,7 @@ namespace kvc::kv {
 namespace {
 
 KvGeometry small_geometry(DType t = DType::F32) {
-  return KvGeometry{5, 4, 8, 16, t};
+  return KvGeometry{5, 4, 8, 16, t, t};
 }
 
 void expect_balanced(const BlockPool& pool) {
@@ -26,20 +26,89 @@ TEST(KvGeometry, BytesFollowTheLayout) {
   EXPECT_EQ(g.blocks_for_tokens(0), 0u);
   EXPECT_EQ(g.blocks_for_tokens(17), 2u);
   // [layer][K|V][kv_head][token][head_dim]
-  EXPECT_EQ(g.offset(0, 0, 0, 1), 8u * 4);
-  EXPECT_EQ(g.offset(0, 0, 1, 0), 16u * 8 * 4);
-  EXPECT_EQ(g.offset(0, 1, 0, 0), 4u * 16 * 8 * 4);
-  EXPECT_EQ(g.offset(1, 0, 0, 0), 2u * 4 * 16 * 8 * 4);
-  EXPECT_EQ(g.offset(4, 1, 3, 15) + 8 * 4, g.bytes_per_block());
+  EXPECT_EQ(g.grouping(0), KvGrouping::kHead);
+  EXPECT_EQ(g.run(0, 0, 0).stride, 8u * 4);
+  EXPECT_EQ(g.run(0, 0, 1).offset, 16u * 8 * 4);
+  EXPECT_EQ(g.run(0, 1, 0).offset, 4u * 16 * 8 * 4);
+  EXPECT_EQ(g.run(1, 0, 0).offset, 2u * 4 * 16 * 8 * 4);
+  EXPECT_EQ(g.run(4, 1, 3).offset + 16 * 8 * 4, g.bytes_per_block());
   EXPECT_EQ(small_geometry(DType::F16).bytes_per_token(), 640u);
+}
+
+// stories260K's heads of 8 values: a q8_0 group holds the 4 KV heads of one token and layer.
+TEST(KvGeometry, HeadsShorterThanAGroupShareOnePerToken) {
+  KvGeometry g = small_geometry(DType::Q8_0);
+  g.validate();
+  EXPECT_EQ(g.grouping(0), KvGrouping::kToken);
+  EXPECT_EQ(g.token_bytes(0), 34u);
+  EXPECT_EQ(g.bytes_per_token(), 5u * 2 * 34);  // 340 B against f16's 640
+  // [layer][K|V][token][kv_head * head_dim]: head 3 is elements 24..31 of the token's group.
+  EXPECT_EQ(g.run(0, 0, 3).offset, 0u);
+  EXPECT_EQ(g.run(0, 0, 3).first, 24);
+  EXPECT_EQ(g.run(0, 0, 3).stride, 34u);
+  EXPECT_EQ(g.run(0, 1, 0).offset, 16u * 34);
+  g.v_dtype = DType::Q4_0;
+  EXPECT_EQ(g.bytes_per_token(), 5u * (34 + 18));
+  EXPECT_EQ(g.run(1, 0, 0).offset, 16u * (34 + 18));
+  EXPECT_EQ(g.run(4, 1, 0).offset + 16 * 18, g.bytes_per_block());
+  // Keys f16 (per head), values q8_0 (per token) in one block.
+  g.k_dtype = DType::F16;
+  EXPECT_EQ(g.grouping(0), KvGrouping::kHead);
+  EXPECT_EQ(g.run(0, 1, 0).offset, 16u * 4 * 8 * 2);
+}
+
+TEST(KvGeometry, GroupsAlongTheHeadWhenItHoldsWholeGroups) {
+  const KvGeometry g{2, 3, 64, 16, DType::Q4_0, DType::Q8_0};
+  g.validate();
+  EXPECT_EQ(g.grouping(0), KvGrouping::kHead);
+  EXPECT_EQ(g.run(0, 0, 1).offset, 2u * 18 * 16);
+  EXPECT_EQ(g.run(0, 1, 0).offset, 3u * 2 * 18 * 16);
+  EXPECT_EQ(g.bytes_per_token(), 2u * 3 * (2 * 18 + 2 * 34));
 }
 
 TEST(KvGeometry, RejectsBadShapes) {
   KvGeometry g = small_geometry();
   g.block_tokens = 0;
   EXPECT_THROW(g.validate(), Error);
-  g = small_geometry(DType::Q8_0);
+  g = small_geometry(DType::BF16);
   EXPECT_THROW(g.validate(), Error);
+  // 2 KV heads of 8: 16 values per token fill no group; 48 is neither a multiple nor a divisor.
+  for (const auto& [heads, dim] : {std::pair{2, 8}, std::pair{4, 48}, std::pair{3, 12}}) {
+    g = KvGeometry{1, heads, dim, 16, DType::F16, DType::Q4_0};
+    try {
+      g.validate();
+      ADD_FAILURE() << heads << " heads of " << dim;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("values q4_0 groups 32 values"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// Copying a partial block's tokens copies exactly their bytes in either grouping.
+TEST(BlockPool, CopyTokensCopiesOnlyThoseTokens) {
+  for (DType t : {DType::F16, DType::Q8_0, DType::Q4_0}) {
+    const KvGeometry g = small_geometry(t);
+    BlockPool pool(g, g.bytes_per_block() * 2);
+    const BlockId a = *pool.allocate(), b = *pool.allocate();
+    for (size_t i = 0; i < g.bytes_per_block(); ++i) {
+      pool.data(a)[i] = static_cast<uint8_t>(i % 255 + 1);
+      pool.data(b)[i] = 0;
+    }
+    pool.copy_tokens(a, b, 5);
+    size_t copied = 0;
+    for (size_t i = 0; i < g.bytes_per_block(); ++i) copied += pool.data(b)[i] != 0;
+    EXPECT_EQ(copied, 5 * g.bytes_per_token()) << dtype_name(t);
+    for (int l = 0; l < g.n_layers; ++l) {
+      for (int kind = 0; kind < 2; ++kind) {
+        for (int h = 0; h < g.n_kv_heads; ++h) {
+          const KvRun r = g.run(l, kind, h);
+          EXPECT_EQ(pool.data(b)[r.offset + 4 * r.stride], pool.data(a)[r.offset + 4 * r.stride]);
+          EXPECT_EQ(pool.data(b)[r.offset + 5 * r.stride], 0);
+        }
+      }
+    }
+  }
 }
 
 TEST(BlockPool, SizesArenaToWholeBlocks) {

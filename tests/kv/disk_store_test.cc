@@ -78,8 +78,7 @@ TEST(DiskStore, NeverUsesOrDeletesBlocksOfAnotherModelOrLayout) {
   TierIdentity other_model = identity();
   other_model.model_fingerprint.fill(8);
   TierIdentity other_dtype = identity();
-  other_dtype.k_dtype = other_dtype.v_dtype = DType::F16;
-  other_dtype.geometry.dtype = DType::F16;
+  other_dtype.geometry.k_dtype = DType::F16;
   TierIdentity other_geometry = identity();
   other_geometry.geometry.block_tokens = 8;
   for (const TierIdentity& id : {other_model, other_dtype, other_geometry}) {

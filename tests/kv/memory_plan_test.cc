@@ -22,7 +22,7 @@ constexpr uint64_t GiB = 1024 * MiB;
 MemoryPlan plan(const AttentionGeometry& g, DType dtype, std::vector<uint64_t> contexts = {},
                 int block_tokens = 16) {
   PlanOptions o;
-  o.kv_dtype = dtype;
+  o.k_dtype = o.v_dtype = dtype;
   o.block_tokens = block_tokens;
   o.contexts = std::move(contexts);
   return plan_memory(g, o);
@@ -53,22 +53,28 @@ TEST(MemoryPlan, QuantisedDtypesPayTheirScales) {
   // q8_0: 34 bytes per 32 elements; q4_0: 18 bytes per 32.
   EXPECT_EQ(plan(g, DType::Q8_0).bytes_per_token, 32u * 2 * 8 * (128 / 32 * 34));
   EXPECT_EQ(plan(g, DType::Q4_0).bytes_per_token, 32u * 2 * 8 * (128 / 32 * 18));
-  // A head row shorter than a quantisation block still takes a whole block.
+  // stories260K: the pool groups the 4 KV heads of 8 values of a token, one scale per 32.
   const auto tiny = AttentionGeometry::uniform(5, 4, 8);
-  EXPECT_FALSE(tiny.pool_geometry(DType::Q8_0, 16).has_value());
-  EXPECT_EQ(plan(tiny, DType::Q8_0).bytes_per_token, 5u * 2 * 4 * 34);
+  EXPECT_TRUE(tiny.pool_geometry(DType::Q8_0, DType::Q4_0, 16).has_value());
+  EXPECT_EQ(plan(tiny, DType::Q8_0).bytes_per_token, 5u * 2 * 34);
+  // Where no grouping fits the pool, a head row shorter than a group still takes a whole one.
+  const auto odd = AttentionGeometry::uniform(5, 2, 8);
+  EXPECT_FALSE(odd.pool_geometry(DType::Q8_0, DType::Q8_0, 16).has_value());
+  EXPECT_EQ(plan(odd, DType::Q8_0).bytes_per_token, 5u * 2 * 2 * 34);
   EXPECT_EQ(plan(AttentionGeometry::mla(61, 576), DType::Q8_0).bytes_per_token, 61u * 18 * 34);
 }
 
 TEST(MemoryPlan, PerLayerCostEqualsKvGeometry) {
-  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
+  for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0}) {
     for (int head_dim : {32, 64, 128}) {
       const auto g = AttentionGeometry::uniform(7, 3, head_dim);
-      const auto pool = g.pool_geometry(t, 16);
+      const auto pool = g.pool_geometry(t, DType::Q4_0, 16);
       ASSERT_TRUE(pool.has_value());
-      EXPECT_EQ(7 * layer_token_bytes(g.layers[0], t), pool->bytes_per_token());
+      EXPECT_EQ(7 * layer_token_bytes(g.layers[0], t, DType::Q4_0), pool->bytes_per_token());
     }
   }
+  // The pool stores no bf16: such a plan is costed per layer.
+  EXPECT_FALSE(AttentionGeometry::uniform(7, 3, 64).pool_geometry(DType::BF16, DType::F16, 16));
 }
 
 TEST(MemoryPlan, BlockRoundingWaste) {
@@ -87,6 +93,7 @@ TEST(MemoryPlan, BlockRoundingWaste) {
 struct PoolCase {
   int layers, kv_heads, head_dim, block_tokens;
   DType dtype;
+  DType v_dtype;
   uint64_t budget, weights;
 };
 
@@ -94,19 +101,25 @@ struct PoolCase {
 // bytes, and holds exactly max_concurrency requests of each context.
 TEST(MemoryPlan, EqualsWhatTheBlockPoolAllocates) {
   const PoolCase cases[] = {
-      {5, 4, 8, 16, DType::F32, 16 * MiB, 0},         // stories260K
-      {5, 4, 8, 16, DType::F16, 3 * MiB + 123, MiB},  // weights come out of the budget
-      {2, 1, 64, 32, DType::F16, 5 * MiB + 7, 0},     // MQA
-      {4, 8, 32, 1, DType::F32, 2 * MiB + 4095, 0},   // one-token blocks
-      {3, 2, 16, 7, DType::F16, 1 * MiB + 1, 4097},   // odd block size
-      {6, 6, 48, 64, DType::F16, 10 * MiB, 3 * MiB},  // MHA, big blocks
-      {22, 4, 64, 16, DType::F16, 12 * MiB, 0},       // TinyLlama geometry
+      {5, 4, 8, 16, DType::F32, DType::F32, 16 * MiB, 0},         // stories260K
+      {5, 4, 8, 16, DType::F16, DType::F16, 3 * MiB + 123, MiB},  // weights out of the budget
+      {2, 1, 64, 32, DType::F16, DType::F16, 5 * MiB + 7, 0},     // MQA
+      {4, 8, 32, 1, DType::F32, DType::F32, 2 * MiB + 4095, 0},   // one-token blocks
+      {3, 2, 16, 7, DType::F16, DType::F16, 1 * MiB + 1, 4097},   // odd block size
+      {6, 6, 48, 64, DType::F16, DType::F16, 10 * MiB, 3 * MiB},  // MHA, big blocks
+      {22, 4, 64, 16, DType::F16, DType::F16, 12 * MiB, 0},       // TinyLlama geometry
+      {5, 4, 8, 16, DType::Q8_0, DType::Q8_0, 16 * MiB, 0},       // stories260K, per token
+      {5, 4, 8, 7, DType::Q4_0, DType::F16, 3 * MiB + 5, 0},      // mixed K and V
+      {22, 4, 64, 16, DType::Q8_0, DType::Q4_0, 12 * MiB, 0},     // per head
+      {3, 2, 16, 16, DType::F32, DType::Q4_0, MiB + 3, 0},        // 2 heads of 16 per group
   };
   for (const PoolCase& c : cases) {
-    SCOPED_TRACE(::testing::Message() << c.layers << "x" << c.kv_heads << "x" << c.head_dim
-                                      << " block " << c.block_tokens << " " << dtype_name(c.dtype));
+    SCOPED_TRACE(::testing::Message()
+                 << c.layers << "x" << c.kv_heads << "x" << c.head_dim << " block "
+                 << c.block_tokens << " " << dtype_name(c.dtype) << "/" << dtype_name(c.v_dtype));
     PlanOptions o;
-    o.kv_dtype = c.dtype;
+    o.k_dtype = c.dtype;
+    o.v_dtype = c.v_dtype;
     o.block_tokens = c.block_tokens;
     o.contexts = {1, 100, 1000, 4097};
     o.concurrencies = {1, 3};
@@ -116,7 +129,7 @@ TEST(MemoryPlan, EqualsWhatTheBlockPoolAllocates) {
         plan_memory(AttentionGeometry::uniform(c.layers, c.kv_heads, c.head_dim), o);
     ASSERT_TRUE(p.pool_layout);
 
-    const KvGeometry g{c.layers, c.kv_heads, c.head_dim, c.block_tokens, c.dtype};
+    const KvGeometry g{c.layers, c.kv_heads, c.head_dim, c.block_tokens, c.dtype, c.v_dtype};
     ASSERT_EQ(*p.kv_budget_bytes, c.budget - c.weights);
     BlockPool pool(g, *p.kv_budget_bytes);
     EXPECT_EQ(pool.arena_bytes(), *p.pool_bytes);
@@ -149,7 +162,7 @@ TEST(MemoryPlan, EqualsWhatTheBlockPoolAllocates) {
 TEST(MemoryPlan, SlidingWindowLayersAreCapped) {
   AttentionGeometry g = AttentionGeometry::uniform(2, 8, 128);
   g.layers[1].window = 4096;
-  EXPECT_FALSE(g.pool_geometry(DType::F16, 16).has_value());
+  EXPECT_FALSE(g.pool_geometry(DType::F16, DType::F16, 16).has_value());
   const MemoryPlan p = plan(g, DType::F16, {1000, 131072});
   const uint64_t layer = 2 * 8 * 128 * 2;
   EXPECT_EQ(p.bytes_per_token, 2 * layer);
@@ -165,7 +178,6 @@ TEST(MemoryPlan, LimitsMatchABruteForceSearch) {
   AttentionGeometry g = AttentionGeometry::uniform(6, 2, 64);
   for (size_t i = 0; i < g.layers.size(); i += 2) g.layers[i].window = 100;
   PlanOptions o;
-  o.kv_dtype = DType::F16;
   o.block_tokens = 16;
   o.concurrencies = {1, 3, 7};
   o.budget_bytes = 20 * MiB;
@@ -253,7 +265,7 @@ TEST(MemoryPlan, FormatBytes) {
 
 TEST(StartupSummary, StatesThePoolAsThePlanDoes) {
   // stories260K at f32: 5 layers x 2 x 4 heads x 8 x 4 B = 1280 B/token.
-  const KvGeometry g{5, 4, 8, 16, DType::F32};
+  const KvGeometry g{5, 4, 8, 16, DType::F32, DType::F32};
   const std::string summary = startup_summary(g, 16 * MiB, 4096);
   EXPECT_EQ(summary,
             "KV cache: f32, 16-token blocks, 1280 B/token, 20480 B/block, 819 blocks = 16773120 B "
@@ -263,7 +275,7 @@ TEST(StartupSummary, StatesThePoolAsThePlanDoes) {
   const BlockPool pool(g, 16 * MiB);
   EXPECT_EQ(startup_summary(g, pool.arena_bytes(), 4096), summary);
   EXPECT_EQ(startup_summary(g, 16 * MiB, 0).find('\n'), std::string::npos);
-  EXPECT_THROW(startup_summary(KvGeometry{5, 4, 8, 16, DType::Q8_0}, MiB, 0), Error);
+  EXPECT_THROW(startup_summary(KvGeometry{5, 2, 8, 16, DType::Q8_0, DType::Q8_0}, MiB, 0), Error);
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ constexpr int kNamespaces = 3;
 constexpr size_t kMaxTokens = 32;
 
 KvGeometry tiny_geometry() {
-  return KvGeometry{1, 1, kHeadDim, kBlock, DType::F32};
+  return KvGeometry{1, 1, kHeadDim, kBlock, DType::F32, DType::F32};
 }
 
 // Distinct namespaces; ids from 1000 on are used once each, for lookups in a namespace that

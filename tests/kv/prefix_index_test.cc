@@ -18,11 +18,11 @@ constexpr int kBlock = 4;
 
 struct Fixture {
   double now = 1000.0;
-  KvGeometry geometry{1, 1, 4, kBlock, DType::F32};
+  KvGeometry geometry{1, 1, 4, kBlock, DType::F32, DType::F32};
   BlockPool pool;
   PrefixIndex index;
-  Hash256 ns_a = namespace_hash({{}, DType::F32, kBlock, "a", ""});
-  Hash256 ns_b = namespace_hash({{}, DType::F32, kBlock, "b", ""});
+  Hash256 ns_a = namespace_hash({{}, DType::F32, DType::F32, kBlock, "a", ""});
+  Hash256 ns_b = namespace_hash({{}, DType::F32, DType::F32, kBlock, "b", ""});
 
   explicit Fixture(size_t blocks = 16, PrefixIndexOptions o = {})
       : pool(geometry, geometry.bytes_per_block() * blocks),
@@ -272,7 +272,8 @@ TEST(PrefixIndex, PinCoversAtMostMaxBlocks) {
 TEST(PrefixIndex, EmptyNamespacesAreDropped) {
   Fixture f(4);
   for (int i = 0; i < 50; ++i) {
-    const Hash256 ns = namespace_hash({{}, DType::F32, kBlock, "salt" + std::to_string(i), ""});
+    const Hash256 ns =
+        namespace_hash({{}, DType::F32, DType::F32, kBlock, "salt" + std::to_string(i), ""});
     BlockTable t(f.pool, &f.index);
     f.index.match(ns, iota(8, i), 7, t);
     f.index.insert(ns, iota(8, i), 0, t, true);  // cancelled before writing: nothing cached
@@ -330,7 +331,8 @@ TEST(PrefixIndex, ContentHashesChainNamespaceParentAndTokens) {
   const Hash256 zero{};
   const auto a = chain_hash(ns, zero, seq({1, 2, 3, 4}));
   EXPECT_NE(a, chain_hash(ns, zero, seq({1, 2, 3, 5})));
-  EXPECT_NE(a, chain_hash(namespace_hash({{}, DType::F16, 16, "", ""}), zero, seq({1, 2, 3, 4})));
+  EXPECT_NE(a, chain_hash(namespace_hash({{}, DType::F32, DType::F16, 16, "", ""}), zero,
+                          seq({1, 2, 3, 4})));
   EXPECT_NE(chain_hash(ns, a, seq({5})), chain_hash(ns, zero, seq({5})));
   EXPECT_EQ(a, chain_hash(ns, zero, seq({1, 2, 3, 4})));
   // Every identity field changes the namespace.
@@ -344,6 +346,15 @@ TEST(PrefixIndex, ContentHashesChainNamespaceParentAndTokens) {
   k = {};
   k.model_fingerprint[0] = 1;
   EXPECT_NE(namespace_hash(k), base);
+  // Keys and values are told apart: q8_0 keys with f16 values is not the other way round.
+  k = {};
+  k.k_dtype = DType::Q8_0;
+  const Hash256 q8_keys = namespace_hash(k);
+  EXPECT_NE(q8_keys, base);
+  k = {};
+  k.v_dtype = DType::Q8_0;
+  EXPECT_NE(namespace_hash(k), base);
+  EXPECT_NE(namespace_hash(k), q8_keys);
   EXPECT_EQ(to_hex(base).size(), 64u);
 }
 

@@ -16,8 +16,7 @@ inline TierIdentity identity() {
   id.geometry.n_kv_heads = 2;
   id.geometry.head_dim = 4;
   id.geometry.block_tokens = 4;
-  id.geometry.dtype = DType::F32;
-  id.k_dtype = id.v_dtype = DType::F32;
+  id.geometry.k_dtype = id.geometry.v_dtype = DType::F32;
   return id;
 }
 

@@ -6,14 +6,16 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "base/error.h"
 #include "base/kernels.h"
-#include "reference_generator.h"
 #include "model/gguf_writer.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
+#include "reference_generator.h"
 #include "test_models.h"
 
 namespace kvc::model {
@@ -38,9 +40,11 @@ struct Rig {
   std::unique_ptr<ThreadPool> threads;
   ForwardScratch scratch;
 
-  Rig(const std::string& path, int n_threads, DType kv_dtype = DType::F32, int block = 16) {
+  Rig(const std::string& path, int n_threads, DType kv_dtype = DType::F32, int block = 16,
+      std::optional<DType> v_dtype = std::nullopt) {
     model = LlamaModel::load(path);
-    const kv::KvGeometry g = model->config().kv_geometry(kv_dtype, block);
+    const kv::KvGeometry g =
+        model->config().kv_geometry(kv_dtype, v_dtype.value_or(kv_dtype), block);
     pool = std::make_unique<kv::BlockPool>(g, g.bytes_per_block() * 96);
     threads = std::make_unique<ThreadPool>(n_threads);
   }
@@ -94,8 +98,9 @@ TEST(LlamaModel, GoldenStories260KGreedyRun) {
 }
 
 // The heart of the first invariant, checked at every decode step.
-void expect_cache_equals_recompute(const std::string& path, DType kv_dtype, int n_threads) {
-  Rig rig(path, n_threads, kv_dtype);
+void expect_cache_equals_recompute(const std::string& path, DType kv_dtype, int n_threads,
+                                   std::optional<DType> v_dtype = std::nullopt) {
+  Rig rig(path, n_threads, kv_dtype, 16, v_dtype);
   std::vector<int32_t> seq = {1, 403, 407, 261, 378};
   const int n_vocab = rig.model->config().n_vocab;
   for (int32_t& t : seq) t %= n_vocab;
@@ -109,7 +114,8 @@ void expect_cache_equals_recompute(const std::string& path, DType kv_dtype, int 
   std::vector<float> logits(cached.begin(), cached.end());
   for (int step = 0; step < 36; ++step) {
     ASSERT_TRUE(same_bits(logits, rig.recompute(seq)))
-        << "step " << step << " kv " << dtype_name(kv_dtype) << " threads " << n_threads;
+        << "step " << step << " kv " << dtype_name(kv_dtype) << "/"
+        << dtype_name(v_dtype.value_or(kv_dtype)) << " threads " << n_threads;
     seq.push_back(argmax(logits));
     const BatchRow row{seq.back(), static_cast<int32_t>(seq.size() - 1), &table, true};
     auto next = rig.model->forward(*rig.threads, *rig.pool, {&row, 1}, rig.scratch);
@@ -123,6 +129,59 @@ TEST(LlamaModel, CachedDecodeIsBitIdenticalToRecompute) {
     expect_cache_equals_recompute(path, DType::F32, threads);
     expect_cache_equals_recompute(path, DType::F16, threads);
   }
+}
+
+// Quantised KV: a token's keys and values are quantised once, when written, and read in place;
+// stories260K groups its 4 KV heads of 8 per token, the tiny model its 2 heads of 16.
+TEST(LlamaModel, QuantisedKvKeepsCachedDecodeBitIdentical) {
+  std::vector<std::string> paths = {testing::synthetic_model_path("tiny", DType::Q8_0)};
+  if (const std::string stories = testing::stories_model_path(); !stories.empty()) {
+    paths.push_back(stories);
+  }
+  for (const std::string& path : paths) {
+    for (int threads : {1, 2}) {
+      expect_cache_equals_recompute(path, DType::Q8_0, threads);
+      expect_cache_equals_recompute(path, DType::Q4_0, threads);
+      expect_cache_equals_recompute(path, DType::Q8_0, threads, DType::F16);
+      expect_cache_equals_recompute(path, DType::F16, threads, DType::Q4_0);
+    }
+  }
+}
+
+// Each instruction set's quantised attention (AVX-512's 16-lane loops for heads of 16, its
+// AVX2 fallback for heads of 8, AVX2's own, scalar) keeps the invariant.
+TEST(LlamaModel, QuantisedKvKeepsTheInvariantOnEveryIsa) {
+  const kernels::Isa saved = kernels::active_isa();
+  std::vector<std::string> paths = {testing::synthetic_model_path("tiny", DType::F16)};
+  if (const std::string stories = testing::stories_model_path(); !stories.empty()) {
+    paths.push_back(stories);
+  }
+  for (kernels::Isa isa : {kernels::Isa::kScalar, kernels::Isa::kAvx2, kernels::Isa::kAvx512}) {
+    if (isa > kernels::best_isa()) continue;
+    kernels::set_isa(isa);
+    for (const std::string& path : paths) {
+      expect_cache_equals_recompute(path, DType::Q8_0, 2);
+      expect_cache_equals_recompute(path, DType::Q4_0, 2, DType::Q8_0);
+    }
+  }
+  kernels::set_isa(saved);
+}
+
+// Quantised keys and values change the logits a little, not the greedy story.
+TEST(LlamaModel, Q8KvLogitsStayCloseToF16) {
+  KVC_REQUIRE_STORIES(path);
+  Rig f16(path, 2, DType::F16), q8(path, 2, DType::Q8_0);
+  const auto prompt = std::vector<int32_t>(kReferenceIds.begin(), kReferenceIds.begin() + 40);
+  const std::vector<float> a = f16.recompute(prompt), b = q8.recompute(prompt);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(argmax(a), argmax(b));
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (a[i] - b[i]) * (a[i] - b[i]);
+    norm += a[i] * a[i];
+  }
+  EXPECT_LT(std::sqrt(diff / norm), 0.02);
+  EXPECT_FALSE(same_bits(a, b));  // the q8_0 path really ran
 }
 
 TEST(LlamaModel, CachedDecodeIsBitIdenticalOnSyntheticModelsOfEveryDtype) {
@@ -153,24 +212,27 @@ std::vector<int32_t> long_prompt(int n, int n_vocab) {
 TEST(LlamaModel, PrefillChunkSizeAndThreadsDoNotChangeLogits) {
   std::string path = testing::stories_model_path();
   if (path.empty()) path = testing::synthetic_model_path("tiny", DType::F32);
-  Rig one(path, 1), two(path, 2);
-  const auto prompt = long_prompt(150, one.model->config().n_vocab);
-  testing::Generator g1(*one.model, *one.pool, *one.threads);
-  testing::Generator g2(*two.model, *two.pool, *two.threads);
-  const std::vector<float> reference = g1.prompt_logits(prompt, 1000);
-  for (int chunk : {1, 7, 64}) {
-    EXPECT_TRUE(same_bits(reference, g1.prompt_logits(prompt, chunk))) << "chunk " << chunk;
-    EXPECT_TRUE(same_bits(reference, g2.prompt_logits(prompt, chunk))) << "2 threads " << chunk;
+  for (const auto& [k, v] : {std::pair{DType::F32, DType::F32}, std::pair{DType::Q8_0, DType::Q8_0},
+                             std::pair{DType::Q4_0, DType::F16}}) {
+    Rig one(path, 1, k, 16, v), two(path, 2, k, 16, v);
+    const auto prompt = long_prompt(150, one.model->config().n_vocab);
+    testing::Generator g1(*one.model, *one.pool, *one.threads);
+    testing::Generator g2(*two.model, *two.pool, *two.threads);
+    const std::vector<float> reference = g1.prompt_logits(prompt, 1000);
+    for (int chunk : {1, 7, 64}) {
+      EXPECT_TRUE(same_bits(reference, g1.prompt_logits(prompt, chunk)))
+          << dtype_name(k) << " chunk " << chunk;
+      EXPECT_TRUE(same_bits(reference, g2.prompt_logits(prompt, chunk)))
+          << dtype_name(k) << " 2 threads " << chunk;
+    }
+    EXPECT_EQ(one.pool->counts().free, one.pool->num_blocks());  // every table released
   }
-  EXPECT_EQ(one.pool->counts().free, one.pool->num_blocks());  // every table released
 }
 
 // Rows of one sequence batched with rows of others, at other positions, give the same
 // logits as the sequence run alone.
-TEST(LlamaModel, BatchCompanyDoesNotChangeLogits) {
-  std::string path = testing::stories_model_path();
-  if (path.empty()) path = testing::synthetic_model_path("tiny", DType::F32);
-  Rig rig(path, 2);
+void expect_batch_company_irrelevant(const std::string& path, DType k, DType v) {
+  Rig rig(path, 2, k, 16, v);
   const int n_vocab = rig.model->config().n_vocab;
   const auto a = long_prompt(40, n_vocab);
   const std::vector<float> alone = rig.recompute(a);
@@ -205,7 +267,16 @@ TEST(LlamaModel, BatchCompanyDoesNotChangeLogits) {
     if (r.table == &ta) a_index = index;
     ++index;
   }
-  EXPECT_TRUE(same_bits(alone, logits.subspan(a_index * n_vocab, n_vocab)));
+  EXPECT_TRUE(same_bits(alone, logits.subspan(a_index * n_vocab, n_vocab)))
+      << dtype_name(k) << "/" << dtype_name(v);
+}
+
+TEST(LlamaModel, BatchCompanyDoesNotChangeLogits) {
+  std::string path = testing::stories_model_path();
+  if (path.empty()) path = testing::synthetic_model_path("tiny", DType::F32);
+  expect_batch_company_irrelevant(path, DType::F32, DType::F32);
+  expect_batch_company_irrelevant(path, DType::Q8_0, DType::Q8_0);
+  expect_batch_company_irrelevant(path, DType::Q4_0, DType::Q8_0);
 }
 
 TEST(LlamaModel, RejectsRowsOutsideTheirBlocksAndBadTokens) {

@@ -24,7 +24,7 @@ constexpr uint64_t GiB = 1024 * 1024 * KiB;
 
 uint64_t bytes_per_token(const ModelGeometry& m, DType dtype = DType::F16) {
   kv::PlanOptions o;
-  o.kv_dtype = dtype;
+  o.k_dtype = o.v_dtype = dtype;
   return kv::plan_memory(m.attention, o).bytes_per_token;
 }
 
@@ -345,7 +345,7 @@ TEST(ModelGeometry, GgufLlama) {
   EXPECT_EQ(m.name, "tiny llama");
   EXPECT_EQ(m.source, "gguf");
   EXPECT_EQ(attention_kind(m), "GQA");
-  const auto pool = m.attention.pool_geometry(DType::F16, 16);
+  const auto pool = m.attention.pool_geometry(DType::F16, DType::F16, 16);
   ASSERT_TRUE(pool.has_value());
   EXPECT_EQ(pool->n_layers, 4);
   EXPECT_EQ(pool->n_kv_heads, 2);

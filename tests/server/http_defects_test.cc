@@ -353,7 +353,7 @@ TEST(HttpDefects, RequestsAtTheEdgeOfATinyPoolAnswerAndTooLargeOnesGet400) {
   engine::EngineOptions eo = TestServer::default_engine();
   eo.kv_memory_bytes = 81920;
   eo.block_tokens = 16;
-  eo.kv_dtype = DType::F32;
+  eo.kv_k_dtype = eo.kv_v_dtype = DType::F32;
   TestServer s(path, eo);
   ASSERT_EQ(s.engine->num_blocks(), 4u);
   auto r = post(s, "/v1/completions",

@@ -196,7 +196,8 @@ TEST(HttpHardening, PromptLongerThanTheContextGets400WithBothLengths) {
   EXPECT_EQ(r.body["error"]["param"], "messages");
   // A request whose prompt and output could never fit the KV pool is refused too.
   engine::EngineOptions eo = TestServer::default_engine();
-  eo.kv_memory_bytes = s.model->config().kv_geometry(DType::F32, 16).bytes_per_block() * 8;
+  eo.kv_memory_bytes =
+      s.model->config().kv_geometry(DType::F16, DType::F16, 16).bytes_per_block() * 8;
   TestServer small(tiny_model(), eo);
   r = post(small, "/v1/completions", json{{"prompt", ids(20, 1)}, {"max_tokens", 400}});
   expect_error(r, 400, "invalid_request_error", "KV blocks");

@@ -364,7 +364,9 @@ TEST(HttpServer, MetricsAreValidPrometheusTextWithCacheFigures) {
   EXPECT_EQ(v("kvcache_requests_waiting"), 0);
   EXPECT_EQ(v("kvcache_requests_finished_total"), 2);
   EXPECT_EQ(v("kvcache_http_responses_total", {{"code", "200"}}), 2);
-  EXPECT_EQ(v("kvcache_info", {{"model", "test-model"}, {"kv_dtype", "f32"}}), 1);
+  EXPECT_EQ(
+      v("kvcache_info", {{"model", "test-model"}, {"kv_dtype_k", "f16"}, {"kv_dtype_v", "f16"}}),
+      1);
   for (const char* h :
        {"kvcache_time_to_first_token_seconds", "kvcache_e2e_request_latency_seconds",
         "kvcache_request_queue_time_seconds"}) {

@@ -67,7 +67,8 @@ TEST(Soak, EveryRequestEndsAndNothingLeaks) {
   // Sized below what the load wants, so the pool runs full and must be shared.
   {
     auto probe = model::LlamaModel::load(path);
-    eo.kv_memory_bytes = probe->config().kv_geometry(DType::F32, 16).bytes_per_block() * 96;
+    eo.kv_memory_bytes =
+        probe->config().kv_geometry(DType::F16, DType::F16, 16).bytes_per_block() * 96;
   }
   ServerOptions so;
   so.api_keys = ApiKeys::parse("sk-alice alice admin\nsk-bob bob\nsk-carol carol\n", "keys");

@@ -1,0 +1,64 @@
+#include "base/kv_attention.h"
+
+#include "base/error.h"
+#include "base/kernels.h"
+#include "base/kv_attention_table.h"
+
+namespace kvc::kernels {
+namespace {
+
+// Follows kernels::active_isa(), so that KVCACHE_ISA and set_isa() choose these loops too.
+const KvAttentionTable& table() {
+  const KvAttentionTable* t = nullptr;
+  switch (active_isa()) {
+    case Isa::kAvx512:
+      t = avx512_kv_attention();
+      break;
+    case Isa::kAvx2:
+      t = avx2_kv_attention();
+      break;
+    case Isa::kScalar:
+      break;
+  }
+  return t != nullptr ? *t : scalar_kv_attention();
+}
+
+}  // namespace
+
+void kv_scores(const KvRows& k, const float* q, size_t n, size_t hd, float scale, float* out) {
+  switch (k.dtype) {
+    case DType::F32:
+    case DType::F16:
+      attention_scores(k.dtype, q, k.base, n, hd, scale, out);
+      return;
+    case DType::Q8_0:
+      table().scores_q8_0(q, k.base, k.stride, k.first, n, hd, scale, out);
+      return;
+    case DType::Q4_0:
+      table().scores_q4_0(q, k.base, k.stride, k.first, n, hd, scale, out);
+      return;
+    case DType::BF16:
+      break;
+  }
+  fail("kv_scores: keys stored as {} are not supported", dtype_name(k.dtype));
+}
+
+void kv_accumulate(const KvRows& v, const float* p, size_t n, size_t hd, float* out) {
+  switch (v.dtype) {
+    case DType::F32:
+    case DType::F16:
+      attention_accumulate(v.dtype, p, v.base, n, hd, out);
+      return;
+    case DType::Q8_0:
+      table().accumulate_q8_0(p, v.base, v.stride, v.first, n, hd, out);
+      return;
+    case DType::Q4_0:
+      table().accumulate_q4_0(p, v.base, v.stride, v.first, n, hd, out);
+      return;
+    case DType::BF16:
+      break;
+  }
+  fail("kv_accumulate: values stored as {} are not supported", dtype_name(v.dtype));
+}
+
+}  // namespace kvc::kernels

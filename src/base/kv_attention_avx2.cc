@@ -1,0 +1,101 @@
+// AVX2 + FMA + F16C quantised attention loops, eight values at a time. As in kernels_avx2.cc,
+// the target pragma confines these instructions to this file's own functions.
+#include <immintrin.h>
+
+#include "base/dtype.h"
+#include "base/kv_attention_table.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+namespace kvc::kernels {
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+// Eight values of a group from element e (a multiple of 8), as floats.
+inline __m256 lanes(const BlockQ8_0& b, int e) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qs + e));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+}
+
+inline __m256 lanes(const BlockQ4_0& b, int e) {
+  __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qs + (e & 15)));
+  if (e >= 16) bytes = _mm_srli_epi16(bytes, 4);  // elements 16..31 are the high nibbles
+  bytes = _mm_and_si128(bytes, _mm_set1_epi8(0x0f));
+  const __m256i v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes), _mm256_set1_epi32(8));
+  return _mm256_cvtepi32_ps(v);
+}
+
+template <class Block>
+void scores(const float* q, const uint8_t* base, size_t stride, int first, size_t n, size_t hd,
+            float scale, float* out) {
+  if (hd % 8 != 0) {  // heads of fewer than 8 values: no full lane
+    const auto& s = scalar_kv_attention();
+    (sizeof(Block) == sizeof(BlockQ8_0) ? s.scores_q8_0 : s.scores_q4_0)(q, base, stride, first, n,
+                                                                         hd, scale, out);
+    return;
+  }
+  const size_t groups = hd >= 32 ? hd / 32 : 1;
+  const int run = hd >= 32 ? 32 : static_cast<int>(hd);
+  for (size_t t = 0; t < n; ++t) {
+    const auto* b = reinterpret_cast<const Block*>(base + t * stride);
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t g = 0; g < groups; ++g) {
+      __m256 sum = _mm256_setzero_ps();
+      for (int e = 0; e < run; e += 8) {
+        sum = _mm256_fmadd_ps(lanes(b[g], first + e), _mm256_loadu_ps(q + g * 32 + e), sum);
+      }
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[g].d)), sum, acc);
+    }
+    out[t] = hsum(acc) * scale;
+  }
+}
+
+template <class Block>
+void accumulate(const float* p, const uint8_t* base, size_t stride, int first, size_t n, size_t hd,
+                float* out) {
+  if (hd % 8 != 0) {
+    const auto& s = scalar_kv_attention();
+    (sizeof(Block) == sizeof(BlockQ8_0) ? s.accumulate_q8_0 : s.accumulate_q4_0)(p, base, stride,
+                                                                                 first, n, hd, out);
+    return;
+  }
+  const size_t groups = hd >= 32 ? hd / 32 : 1;
+  const int run = hd >= 32 ? 32 : static_cast<int>(hd);
+  for (size_t t = 0; t < n; ++t) {
+    const auto* b = reinterpret_cast<const Block*>(base + t * stride);
+    for (size_t g = 0; g < groups; ++g) {
+      const __m256 a = _mm256_set1_ps(p[t] * _cvtsh_ss(b[g].d));
+      for (int e = 0; e < run; e += 8) {
+        float* o = out + g * 32 + e;
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(a, lanes(b[g], first + e), _mm256_loadu_ps(o)));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+const KvAttentionTable* avx2_kv_attention() {
+  static const KvAttentionTable table{scores<BlockQ8_0>, scores<BlockQ4_0>, accumulate<BlockQ8_0>,
+                                      accumulate<BlockQ4_0>};
+  return &table;
+}
+
+}  // namespace kvc::kernels
+
+#pragma GCC pop_options
+#else
+namespace kvc::kernels {
+const KvAttentionTable* avx2_kv_attention() {
+  return nullptr;
+}
+}  // namespace kvc::kernels
+#endif

@@ -1,0 +1,94 @@
+// AVX-512 quantised attention loops, sixteen values at a time; rows whose runs are not a
+// multiple of 16 values (heads of 8) take the AVX2 loops, which every AVX-512 CPU runs.
+#include <immintrin.h>
+
+#include "base/dtype.h"
+#include "base/kv_attention_table.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+
+namespace kvc::kernels {
+namespace {
+
+// Sixteen values of a group from element e (0 or 16), as floats.
+inline __m512 lanes(const BlockQ8_0& b, int e) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + e));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+}
+
+inline __m512 lanes(const BlockQ4_0& b, int e) {
+  __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+  if (e >= 16) bytes = _mm_srli_epi16(bytes, 4);  // elements 16..31 are the high nibbles
+  bytes = _mm_and_si128(bytes, _mm_set1_epi8(0x0f));
+  const __m512i v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(bytes), _mm512_set1_epi32(8));
+  return _mm512_cvtepi32_ps(v);
+}
+
+template <class Block>
+void scores(const float* q, const uint8_t* base, size_t stride, int first, size_t n, size_t hd,
+            float scale, float* out) {
+  if (hd % 16 != 0) {
+    const KvAttentionTable& t = *avx2_kv_attention();
+    (sizeof(Block) == sizeof(BlockQ8_0) ? t.scores_q8_0 : t.scores_q4_0)(q, base, stride, first, n,
+                                                                         hd, scale, out);
+    return;
+  }
+  const size_t groups = hd >= 32 ? hd / 32 : 1;
+  const int run = hd >= 32 ? 32 : static_cast<int>(hd);
+  for (size_t t = 0; t < n; ++t) {
+    const auto* b = reinterpret_cast<const Block*>(base + t * stride);
+    __m512 acc = _mm512_setzero_ps();
+    for (size_t g = 0; g < groups; ++g) {
+      __m512 sum = _mm512_setzero_ps();
+      for (int e = 0; e < run; e += 16) {
+        sum = _mm512_fmadd_ps(lanes(b[g], first + e), _mm512_loadu_ps(q + g * 32 + e), sum);
+      }
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(b[g].d)), sum, acc);
+    }
+    out[t] = _mm512_reduce_add_ps(acc) * scale;
+  }
+}
+
+template <class Block>
+void accumulate(const float* p, const uint8_t* base, size_t stride, int first, size_t n, size_t hd,
+                float* out) {
+  if (hd % 16 != 0) {
+    const KvAttentionTable& t = *avx2_kv_attention();
+    (sizeof(Block) == sizeof(BlockQ8_0) ? t.accumulate_q8_0 : t.accumulate_q4_0)(p, base, stride,
+                                                                                 first, n, hd, out);
+    return;
+  }
+  const size_t groups = hd >= 32 ? hd / 32 : 1;
+  const int run = hd >= 32 ? 32 : static_cast<int>(hd);
+  for (size_t t = 0; t < n; ++t) {
+    const auto* b = reinterpret_cast<const Block*>(base + t * stride);
+    for (size_t g = 0; g < groups; ++g) {
+      const __m512 a = _mm512_set1_ps(p[t] * _cvtsh_ss(b[g].d));
+      for (int e = 0; e < run; e += 16) {
+        float* o = out + g * 32 + e;
+        _mm512_storeu_ps(o, _mm512_fmadd_ps(a, lanes(b[g], first + e), _mm512_loadu_ps(o)));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+const KvAttentionTable* avx512_kv_attention() {
+  static const KvAttentionTable table{scores<BlockQ8_0>, scores<BlockQ4_0>, accumulate<BlockQ8_0>,
+                                      accumulate<BlockQ4_0>};
+  return &table;
+}
+
+}  // namespace kvc::kernels
+
+#pragma GCC pop_options
+#else
+namespace kvc::kernels {
+const KvAttentionTable* avx512_kv_attention() {
+  return nullptr;
+}
+}  // namespace kvc::kernels
+#endif

@@ -1,0 +1,58 @@
+// Portable quantised attention loops: the reference the SIMD versions are tested against.
+#include "base/dtype.h"
+#include "base/kv_attention_table.h"
+
+namespace kvc::kernels {
+namespace {
+
+inline int value(const BlockQ8_0& b, int e) {
+  return b.qs[e];
+}
+
+inline int value(const BlockQ4_0& b, int e) {
+  return e < 16 ? (b.qs[e] & 0x0f) - 8 : (b.qs[e - 16] >> 4) - 8;
+}
+
+// A row is hd / 32 whole groups, or one run of hd values from element `first` of one group.
+template <class Block>
+void scores(const float* q, const uint8_t* base, size_t stride, int first, size_t n, size_t hd,
+            float scale, float* out) {
+  const size_t groups = hd >= 32 ? hd / 32 : 1;
+  const int run = hd >= 32 ? 32 : static_cast<int>(hd);
+  for (size_t t = 0; t < n; ++t) {
+    const auto* b = reinterpret_cast<const Block*>(base + t * stride);
+    float acc = 0.0f;
+    for (size_t g = 0; g < groups; ++g) {
+      float sum = 0.0f;
+      for (int i = 0; i < run; ++i)
+        sum += q[g * 32 + i] * static_cast<float>(value(b[g], first + i));
+      acc += f16_to_f32(b[g].d) * sum;
+    }
+    out[t] = acc * scale;
+  }
+}
+
+template <class Block>
+void accumulate(const float* p, const uint8_t* base, size_t stride, int first, size_t n, size_t hd,
+                float* out) {
+  const size_t groups = hd >= 32 ? hd / 32 : 1;
+  const int run = hd >= 32 ? 32 : static_cast<int>(hd);
+  for (size_t t = 0; t < n; ++t) {
+    const auto* b = reinterpret_cast<const Block*>(base + t * stride);
+    for (size_t g = 0; g < groups; ++g) {
+      const float a = p[t] * f16_to_f32(b[g].d);
+      for (int i = 0; i < run; ++i)
+        out[g * 32 + i] += a * static_cast<float>(value(b[g], first + i));
+    }
+  }
+}
+
+}  // namespace
+
+const KvAttentionTable& scalar_kv_attention() {
+  static const KvAttentionTable table{scores<BlockQ8_0>, scores<BlockQ4_0>, accumulate<BlockQ8_0>,
+                                      accumulate<BlockQ4_0>};
+  return table;
+}
+
+}  // namespace kvc::kernels

@@ -1,0 +1,146 @@
+// Attention over quantised KV read in place: every instruction set against a double-precision
+// reference over the dequantised values, in both groupings (whole groups along a head, and a
+// head's run inside a group shared with the token's other heads).
+#include "base/kv_attention.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "base/kernels.h"
+
+namespace kvc {
+namespace {
+
+using kernels::Isa;
+
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> out = {Isa::kScalar};
+  if (kernels::best_isa() >= Isa::kAvx2) out.push_back(Isa::kAvx2);
+  if (kernels::best_isa() >= Isa::kAvx512) out.push_back(Isa::kAvx512);
+  return out;
+}
+
+struct IsaGuard {
+  Isa saved = kernels::active_isa();
+  ~IsaGuard() { kernels::set_isa(saved); }
+};
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// n tokens, each a row of `per_token` values quantised in groups of 32, and the dequantised
+// values of the head of hd values starting at element `at` of each row.
+struct Rows {
+  std::vector<uint8_t> bytes;
+  size_t stride = 0;
+  std::vector<std::vector<float>> head;
+};
+
+Rows make_rows(DType t, size_t n, size_t per_token, size_t at, size_t hd, uint32_t seed) {
+  Rows r;
+  r.stride = row_bytes(t, per_token);
+  r.bytes.resize(n * r.stride);
+  const auto x = random_floats(n * per_token, seed);
+  std::vector<float> back(per_token);
+  for (size_t i = 0; i < n; ++i) {
+    quantize_row(t, x.data() + i * per_token, r.bytes.data() + i * r.stride, per_token);
+    dequantize_row(t, r.bytes.data() + i * r.stride, back.data(), per_token);
+    r.head.emplace_back(back.begin() + at, back.begin() + at + hd);
+  }
+  return r;
+}
+
+struct Layout {
+  size_t hd, per_token, at;  // head size, values per token row, where the head starts
+};
+
+// Head grouping (hd a multiple of 32) and token grouping (heads of 8 or 16 within a group, at
+// every position a head can take).
+const Layout kLayouts[] = {{32, 32, 0},  {64, 64, 0}, {128, 128, 0}, {8, 32, 0},
+                           {8, 32, 8},   {8, 32, 16}, {8, 32, 24},   {16, 32, 0},
+                           {16, 32, 16}, {8, 64, 40}, {16, 64, 48},  {4, 32, 20}};
+
+// Tolerance: n products summed in f32 (about n * 2^-24 * sum |q_i k_i|), allowed 4x.
+TEST(KvAttention, ScoresMatchTheDequantisedReferenceOnEveryIsa) {
+  IsaGuard guard;
+  for (Isa isa : supported_isas()) {
+    kernels::set_isa(isa);
+    for (DType t : {DType::Q8_0, DType::Q4_0}) {
+      for (const Layout& l : kLayouts) {
+        const size_t n = 19;
+        const Rows rows = make_rows(t, n, l.per_token, l.at, l.hd, 3 + l.at);
+        const auto q = random_floats(l.hd, 17);
+        const size_t group_at = l.at / 32 * block_bytes(t);
+        const kernels::KvRows k{t, rows.bytes.data() + group_at, rows.stride,
+                                static_cast<int>(l.at % 32)};
+        std::vector<float> got(n);
+        kernels::kv_scores(k, q.data(), n, l.hd, 0.25f, got.data());
+        for (size_t i = 0; i < n; ++i) {
+          double want = 0.0, mag = 0.0;
+          for (size_t e = 0; e < l.hd; ++e) {
+            want += static_cast<double>(q[e]) * rows.head[i][e];
+            mag += std::fabs(static_cast<double>(q[e]) * rows.head[i][e]);
+          }
+          EXPECT_NEAR(got[i], want * 0.25, 4.0 * l.hd * std::ldexp(1.0, -24) * mag + 1e-7)
+              << kernels::isa_name(isa) << " " << dtype_name(t) << " hd " << l.hd << " at " << l.at
+              << " row " << i;
+        }
+      }
+    }
+  }
+}
+
+// out += p_t * v_t in order: each lane rounds once or twice per token (fused or not).
+TEST(KvAttention, AccumulateMatchesTheDequantisedReferenceOnEveryIsa) {
+  IsaGuard guard;
+  for (Isa isa : supported_isas()) {
+    kernels::set_isa(isa);
+    for (DType t : {DType::Q8_0, DType::Q4_0}) {
+      for (const Layout& l : kLayouts) {
+        const size_t n = 23;
+        const Rows rows = make_rows(t, n, l.per_token, l.at, l.hd, 5 + l.at);
+        const auto p = random_floats(n, 29);
+        const size_t group_at = l.at / 32 * block_bytes(t);
+        const kernels::KvRows v{t, rows.bytes.data() + group_at, rows.stride,
+                                static_cast<int>(l.at % 32)};
+        std::vector<float> got(l.hd, 0.5f);
+        kernels::kv_accumulate(v, p.data(), n, l.hd, got.data());
+        for (size_t e = 0; e < l.hd; ++e) {
+          double want = 0.5, mag = 0.5;
+          for (size_t i = 0; i < n; ++i) {
+            want += static_cast<double>(p[i]) * rows.head[i][e];
+            mag += std::fabs(static_cast<double>(p[i]) * rows.head[i][e]);
+          }
+          EXPECT_NEAR(got[e], want, 4.0 * n * std::ldexp(1.0, -24) * mag)
+              << kernels::isa_name(isa) << " " << dtype_name(t) << " hd " << l.hd << " at " << l.at
+              << " element " << e;
+        }
+      }
+    }
+  }
+}
+
+// f32 and f16 rows go to the existing kernels unchanged.
+TEST(KvAttention, F16RowsScoreAsTheF16Kernel) {
+  const size_t hd = 64, n = 5;
+  const auto x = random_floats(n * hd, 7), q = random_floats(hd, 8);
+  std::vector<uint16_t> h(n * hd);
+  quantize_row(DType::F16, x.data(), h.data(), h.size());
+  std::vector<float> got(n), want(n);
+  const kernels::KvRows k{DType::F16, reinterpret_cast<const uint8_t*>(h.data()), hd * 2, 0};
+  kernels::kv_scores(k, q.data(), n, hd, 0.5f, got.data());
+  kernels::attention_scores(DType::F16, q.data(), h.data(), n, hd, 0.5f, want.data());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0);
+}
+
+}  // namespace
+}  // namespace kvc
