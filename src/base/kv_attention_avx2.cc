@@ -38,8 +38,7 @@ void scores(const float* q, const uint8_t* base, size_t stride, int first, size_
             float scale, float* out) {
   if (hd % 8 != 0) {  // heads of fewer than 8 values: no full lane
     const auto& s = scalar_kv_attention();
-    (sizeof(Block) == sizeof(BlockQ8_0) ? s.scores_q8_0 : s.scores_q4_0)(q, base, stride, first, n,
-                                                                         hd, scale, out);
+    scores_for<Block>(s)(q, base, stride, first, n, hd, scale, out);
     return;
   }
   const size_t groups = hd >= 32 ? hd / 32 : 1;
@@ -63,8 +62,7 @@ void accumulate(const float* p, const uint8_t* base, size_t stride, int first, s
                 float* out) {
   if (hd % 8 != 0) {
     const auto& s = scalar_kv_attention();
-    (sizeof(Block) == sizeof(BlockQ8_0) ? s.accumulate_q8_0 : s.accumulate_q4_0)(p, base, stride,
-                                                                                 first, n, hd, out);
+    accumulate_for<Block>(s)(p, base, stride, first, n, hd, out);
     return;
   }
   const size_t groups = hd >= 32 ? hd / 32 : 1;

@@ -31,8 +31,7 @@ void scores(const float* q, const uint8_t* base, size_t stride, int first, size_
             float scale, float* out) {
   if (hd % 16 != 0) {
     const KvAttentionTable& t = *avx2_kv_attention();
-    (sizeof(Block) == sizeof(BlockQ8_0) ? t.scores_q8_0 : t.scores_q4_0)(q, base, stride, first, n,
-                                                                         hd, scale, out);
+    scores_for<Block>(t)(q, base, stride, first, n, hd, scale, out);
     return;
   }
   const size_t groups = hd >= 32 ? hd / 32 : 1;
@@ -56,8 +55,7 @@ void accumulate(const float* p, const uint8_t* base, size_t stride, int first, s
                 float* out) {
   if (hd % 16 != 0) {
     const KvAttentionTable& t = *avx2_kv_attention();
-    (sizeof(Block) == sizeof(BlockQ8_0) ? t.accumulate_q8_0 : t.accumulate_q4_0)(p, base, stride,
-                                                                                 first, n, hd, out);
+    accumulate_for<Block>(t)(p, base, stride, first, n, hd, out);
     return;
   }
   const size_t groups = hd >= 32 ? hd / 32 : 1;

@@ -4,6 +4,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
+
+#include "base/dtype.h"
 
 namespace kvc::kernels {
 
@@ -18,6 +21,16 @@ struct KvAttentionTable {
   KvAccumulateFn accumulate_q8_0;
   KvAccumulateFn accumulate_q4_0;
 };
+
+// A table's loops for Block (BlockQ8_0 or BlockQ4_0), for rows too narrow for wider lanes.
+template <class Block>
+KvScoresFn scores_for(const KvAttentionTable& t) {
+  return std::is_same_v<Block, BlockQ8_0> ? t.scores_q8_0 : t.scores_q4_0;
+}
+template <class Block>
+KvAccumulateFn accumulate_for(const KvAttentionTable& t) {
+  return std::is_same_v<Block, BlockQ8_0> ? t.accumulate_q8_0 : t.accumulate_q4_0;
+}
 
 const KvAttentionTable& scalar_kv_attention();
 // Null when the compiler cannot target the instruction set.

@@ -228,12 +228,14 @@ std::string render_table(const Plan& plan) {
         "note     kvcache's block pool keeps every layer's K/V for every token; these figures "
         "are for a paged cache that frees a windowed layer's blocks once they leave its "
         "window\n";
+  } else if (!f.pool_layout && (f.k_dtype == DType::BF16 || f.v_dtype == DType::BF16)) {
+    out +=
+        "note     kvcache's block pool stores f32, f16, q8_0 or q4_0, not bf16; these figures "
+        "are for a cache that stores bf16\n";
   } else if (!f.pool_layout && plan.model.attention.pool_geometry(DType::F16, DType::F16, 16)) {
-    out += fmt::format(
-        "note     kvcache's block pool cannot store this model's K/V as {} (bf16, or a head "
-        "shape no 32-value group fits); these figures are for a cache that quantises each "
-        "head's row on its own\n",
-        kv::kv_dtypes_name(f.k_dtype, f.v_dtype));
+    out +=
+        "note     no 32-value group fits this model's KV heads in kvcache's block pool; these "
+        "figures are for a cache that rounds each head's row up to whole groups\n";
   } else if (!f.pool_layout) {
     out +=
         "note     kvcache's block pool stores K/V heads of one shape; these figures are for "

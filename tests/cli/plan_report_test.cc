@@ -184,6 +184,17 @@ TEST(PlanReport, TableShowsTheFigures) {
   mla.preset = "deepseek-v3";
   mla.budget = "2TiB";
   EXPECT_THAT(render_table(make_plan(mla)), HasSubstr("note"));
+
+  // Separate K and V types; bf16, which the pool does not store, is noted.
+  PlanArgs mixed = llama_args();
+  mixed.kv_dtypes = {"", "q8_0", "q4_0"};
+  const Plan p = make_plan(mixed);
+  EXPECT_EQ(p.figures.bytes_per_token, 32u * 8 * (128 / 32) * (34 + 18));
+  EXPECT_THAT(render_table(p), HasSubstr("KV       K q8_0 / V q4_0, 16-token blocks"));
+  EXPECT_THAT(render_table(p), ::testing::Not(HasSubstr("note")));
+  PlanArgs bf16 = llama_args();
+  bf16.kv_dtypes.both = "bf16";
+  EXPECT_THAT(render_table(make_plan(bf16)), HasSubstr("not bf16"));
 }
 
 // Checks that every tag is closed in order; enough to catch broken SVG.

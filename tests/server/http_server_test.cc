@@ -324,6 +324,25 @@ TEST(HttpServer, TokenizeAndDetokenize) {
   EXPECT_EQ(r.body["error"]["param"], "prompt");
 }
 
+// A server storing q8_0 keys and q4_0 values: a repeated prompt hits the cache and answers the
+// same, and /metrics names both types.
+TEST(HttpServer, QuantisedKvServesHitsAndShowsBothTypes) {
+  engine::EngineOptions eo = TestServer::default_engine();
+  eo.kv_k_dtype = DType::Q8_0;
+  eo.kv_v_dtype = DType::Q4_0;
+  TestServer s(tiny_model(), eo);
+  const json body{{"prompt", ids(40, 4)}, {"max_tokens", 8}, {"temperature", 0}};
+  const auto first = post(s, "/v1/completions", body);
+  const auto second = post(s, "/v1/completions", body);
+  ASSERT_EQ(first.status, 200);
+  ASSERT_EQ(second.status, 200);
+  EXPECT_EQ(first.body["choices"][0]["text"], second.body["choices"][0]["text"]);
+  EXPECT_GT(second.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 30);
+  const auto m = get(s, "/metrics");
+  EXPECT_THAT(m.text, HasSubstr("kv_dtype_k=\"q8_0\""));
+  EXPECT_THAT(m.text, HasSubstr("kv_dtype_v=\"q4_0\""));
+}
+
 TEST(HttpServer, MetricsAreValidPrometheusTextWithCacheFigures) {
   TestServer s(tiny_model());
   const std::vector<int32_t> p = ids(60, 4);
