@@ -5,11 +5,24 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "base/dtype.h"
 #include "base/gemm_table.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
+namespace kvc::kernels {
+namespace {
+// The calling thread's buffer of at least `bytes`, kept between calls. Defined before the
+// target pragma so that the vector's code is compiled for any x86-64.
+uint8_t* thread_scratch(size_t bytes) {
+  thread_local std::vector<uint8_t> buffer;
+  if (buffer.size() < bytes) buffer.resize(bytes);
+  return buffer.data();
+}
+}  // namespace
+}  // namespace kvc::kernels
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 
@@ -175,10 +188,6 @@ inline __m512i join(__m256i lo, __m256i hi) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-inline __m512 scale_pair(float lo, float hi) {
-  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(lo)), _mm256_set1_ps(hi), 1);
-}
-
 inline __m256i load256(const void* p) {
   return _mm256_loadu_si256(static_cast<const __m256i*>(p));
 }
@@ -197,6 +206,14 @@ struct Q4Weights {
   }
 };
 
+// Both f16 scales of a block pair as f32, each in its own half of the register.
+inline __m512 scale_pair(const uint16_t* lo, const uint16_t* hi) {
+  const __m256i both =
+      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(static_cast<short>(*lo))),
+                              _mm_set1_epi16(static_cast<short>(*hi)), 1);
+  return _mm512_cvtph_ps(both);
+}
+
 // Integer weights against q8_0 activations, two blocks per register, as dot_w_q8_0 and
 // dot_w_q4_0 in kernels_avx512.cc. dpbusd multiplies unsigned by signed bytes; the single-row
 // kernel moves w's sign onto x, which costs an operation per (row, column) pair. Here x is
@@ -208,13 +225,42 @@ struct IntTile {
   static constexpr int kCols = 4;
   using WBlock = typename W::Block;
 
+  // A prepared activation row: per pair of blocks, their 64 values + 128 and their two scales
+  // as 16 floats (lanes 0-7 the first block's, 8-15 the second's); then an odd last block as
+  // it was.
+  struct PairX {
+    uint8_t values[64];
+    float scales[16];
+  };
+
+  static const uint8_t* prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
+                                size_t* stride) {
+    const size_t pairs = n / 64;
+    *stride = (pairs * sizeof(PairX) + sizeof(BlockQ8_0) + 63) / 64 * 64;
+    uint8_t* out = thread_scratch(*stride * n_x);
+    const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
+    for (size_t r = 0; r < n_x; ++r) {
+      const auto* b = row_at<BlockQ8_0>(x, x_stride, static_cast<int>(r));
+      auto* p = reinterpret_cast<PairX*>(out + r * *stride);
+      for (size_t i = 0; i < pairs; ++i) {
+        const __m512i v = join(load256(b[2 * i].qs), load256(b[2 * i + 1].qs));
+        _mm512_storeu_si512(p[i].values, _mm512_xor_si512(v, offset));
+        _mm512_storeu_ps(p[i].scales, scale_pair(&b[2 * i].d, &b[2 * i + 1].d));
+      }
+      if (n / 32 % 2 != 0) {
+        *reinterpret_cast<BlockQ8_0*>(p + pairs) = b[n / 32 - 1];
+      }
+    }
+    return out;
+  }
+
   template <int MR, int NR>
   static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
                    size_t ys) {
     const WBlock* a[NR];
-    const BlockQ8_0* b[MR];
+    const PairX* b[MR];
     for (int j = 0; j < NR; ++j) a[j] = row_at<WBlock>(w, ws, j);
-    for (int r = 0; r < MR; ++r) b[r] = row_at<BlockQ8_0>(x, xs, r);
+    for (int r = 0; r < MR; ++r) b[r] = row_at<PairX>(x, xs, r);
     const size_t blocks = n / 32;
     const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
     __m512 acc[MR][NR];
@@ -229,13 +275,13 @@ struct IntTile {
         wq[j] = join(W::values(a[j][i]), W::values(a[j][i + 1]));
         corr[j] = _mm512_sub_epi32(_mm512_setzero_si512(),
                                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, wq[j]));
-        dw[j] = scale_pair(half(a[j][i].d), half(a[j][i + 1].d));
+        dw[j] = scale_pair(&a[j][i].d, &a[j][i + 1].d);
       }
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
-        const __m512i xu =
-            _mm512_xor_si512(join(load256(b[r][i].qs), load256(b[r][i + 1].qs)), offset);
-        const __m512 dx = scale_pair(half(b[r][i].d), half(b[r][i + 1].d));
+        const PairX& px = b[r][i / 2];
+        const __m512i xu = _mm512_loadu_si512(px.values);
+        const __m512 dx = _mm512_loadu_ps(px.scales);
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) {
           const __m512i dot = _mm512_dpbusd_epi32(corr[j], xu, wq[j]);
@@ -244,6 +290,7 @@ struct IntTile {
       }
     }
     for (int r = 0; r < MR; ++r) {
+      const auto& last = *reinterpret_cast<const BlockQ8_0*>(b[r] + blocks / 2);
       for (int j = 0; j < NR; ++j) {
         float sum = hsum512(acc[r][j]);
         if (i < blocks) {
@@ -251,8 +298,8 @@ struct IntTile {
           const __m256i offset8 = _mm256_set1_epi8(static_cast<char>(0x80));
           const __m256i corr8 = _mm256_sub_epi32(
               _mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), offset8, wv));
-          const __m256i xu = _mm256_xor_si256(load256(b[r][i].qs), offset8);
-          const __m256 d = _mm256_set1_ps(half(a[j][i].d) * half(b[r][i].d));
+          const __m256i xu = _mm256_xor_si256(load256(last.qs), offset8);
+          const __m256 d = _mm256_set1_ps(half(a[j][i].d) * half(last.d));
           sum += hsum256(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(corr8, xu, wv))));
         }
         y[r * ys + j] = sum;
