@@ -133,6 +133,11 @@ struct Q4Weights {
   }
 };
 
+// One f16 scale as f32 in every lane.
+inline __m256 scale(const uint16_t* d) {
+  return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(*d)));
+}
+
 // Integer weights against q8_0 activations, one block per register, as dot_w_q8_0 and
 // dot_w_q4_0 in kernels_avx2.cc: maddubs takes |w| unsigned and x with w's sign, and madd
 // widens the pairs to int32 (exact: no pair sum exceeds 2 * 128 * 127).
@@ -142,13 +147,36 @@ struct IntTile {
   static constexpr int kCols = 2;
   using WBlock = typename W::Block;
 
+  // A prepared activation block: its 32 values and its scale as 8 floats.
+  struct BlockX {
+    int8_t values[32];
+    float scales[8];
+  };
+
+  static const uint8_t* prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
+                                size_t* stride) {
+    const size_t blocks = n / 32;
+    *stride = blocks * sizeof(BlockX);
+    uint8_t* out = gemm_scratch(*stride * n_x);
+    for (size_t r = 0; r < n_x; ++r) {
+      const auto* b = row_at<BlockQ8_0>(x, x_stride, static_cast<int>(r));
+      auto* p = reinterpret_cast<BlockX*>(out + r * *stride);
+      for (size_t i = 0; i < blocks; ++i) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p[i].values),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs)));
+        _mm256_storeu_ps(p[i].scales, scale(&b[i].d));
+      }
+    }
+    return out;
+  }
+
   template <int MR, int NR>
   static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
                    size_t ys) {
     const WBlock* a[NR];
-    const BlockQ8_0* b[MR];
+    const BlockX* b[MR];
     for (int j = 0; j < NR; ++j) a[j] = row_at<WBlock>(w, ws, j);
-    for (int r = 0; r < MR; ++r) b[r] = row_at<BlockQ8_0>(x, xs, r);
+    for (int r = 0; r < MR; ++r) b[r] = row_at<BlockX>(x, xs, r);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[MR][NR];
     for (int r = 0; r < MR; ++r)
@@ -160,12 +188,12 @@ struct IntTile {
       for (int j = 0; j < NR; ++j) {
         wq[j] = W::values(a[j][i]);
         wabs[j] = _mm256_sign_epi8(wq[j], wq[j]);
-        dw[j] = _mm256_set1_ps(half(a[j][i].d));
+        dw[j] = scale(&a[j][i].d);
       }
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
-        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[r][i].qs));
-        const __m256 dx = _mm256_set1_ps(half(b[r][i].d));
+        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[r][i].values));
+        const __m256 dx = _mm256_loadu_ps(b[r][i].scales);
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) {
           const __m256i pairs = _mm256_maddubs_epi16(wabs[j], _mm256_sign_epi8(xq, wq[j]));

@@ -5,24 +5,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 #include "base/dtype.h"
 #include "base/gemm_table.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
-namespace kvc::kernels {
-namespace {
-// The calling thread's buffer of at least `bytes`, kept between calls. Defined before the
-// target pragma so that the vector's code is compiled for any x86-64.
-uint8_t* thread_scratch(size_t bytes) {
-  thread_local std::vector<uint8_t> buffer;
-  if (buffer.size() < bytes) buffer.resize(bytes);
-  return buffer.data();
-}
-}  // namespace
-}  // namespace kvc::kernels
-
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 
@@ -237,7 +224,7 @@ struct IntTile {
                                 size_t* stride) {
     const size_t pairs = n / 64;
     *stride = (pairs * sizeof(PairX) + sizeof(BlockQ8_0) + 63) / 64 * 64;
-    uint8_t* out = thread_scratch(*stride * n_x);
+    uint8_t* out = gemm_scratch(*stride * n_x);
     const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
     for (size_t r = 0; r < n_x; ++r) {
       const auto* b = row_at<BlockQ8_0>(x, x_stride, static_cast<int>(r));

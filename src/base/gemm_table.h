@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace kvc::kernels {
 
@@ -14,6 +15,10 @@ struct GemmTable {
   // Indexed by DType.
   GemmFn gemm[5];
 };
+
+// The calling thread's scratch buffer of at least `bytes`, kept between calls, where a kernel
+// lays out its activation rows once per call.
+uint8_t* gemm_scratch(size_t bytes);
 
 // Null when the compiler cannot target the instruction set.
 const GemmTable* avx2_gemm();
