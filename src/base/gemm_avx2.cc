@@ -212,7 +212,7 @@ struct IntTile {
 
 const GemmTable* avx2_gemm() {
   static const GemmTable table = {{
-      gemm_tiled<FloatTile<LoadF32, 4, 1, 3>>,
+      gemm_tiled<FloatTile<LoadF32, 4, 3, 1>>,
       gemm_tiled<FloatTile<LoadF16, 2, 2, 3>>,
       gemm_tiled<FloatTile<LoadBf16, 2, 2, 3>>,
       gemm_tiled<IntTile<Q8Weights>>,
