@@ -15,16 +15,21 @@
 // and then reused from cache by every activation tile.
 constexpr size_t kGemmChunkBytes = 256 * 1024;
 
-// Fewer activation rows than a full tile are bound by memory bandwidth, and reading several
-// weight rows side by side from memory halves the bandwidth the prefetchers reach (measured on
-// Zen 4), so they take the weight rows one at a time, in address order.
+// With few activation rows the weights are read from memory about once each, and reading
+// several weight rows side by side from memory halves the bandwidth the prefetchers reach
+// (measured on Zen 4), so such calls, and the rows left over after the full tiles, take the
+// weight rows one at a time, in address order.
+constexpr size_t kGemmNarrowRows = 4;
+
 template <class K, int MR>
 void gemm_tile_row(const uint8_t* w, size_t w_stride, size_t c_begin, size_t c_end,
-                   const uint8_t* x, size_t x_stride, size_t n, float* y, size_t y_stride) {
-  constexpr int kCols = MR == K::kRows ? K::kCols : 1;
+                   const uint8_t* x, size_t x_stride, size_t n, float* y, size_t y_stride,
+                   bool narrow) {
   size_t c = c_begin;
-  for (; c + kCols <= c_end; c += kCols) {
-    K::template tile<MR, kCols>(w + c * w_stride, w_stride, x, x_stride, n, y + c, y_stride);
+  if constexpr (MR == K::kRows) {
+    for (; !narrow && c + K::kCols <= c_end; c += K::kCols) {
+      K::template tile<MR, K::kCols>(w + c * w_stride, w_stride, x, x_stride, n, y + c, y_stride);
+    }
   }
   for (; c < c_end; ++c) {
     K::template tile<MR, 1>(w + c * w_stride, w_stride, x, x_stride, n, y + c, y_stride);
@@ -37,7 +42,7 @@ void gemm_rest_rows(size_t rows, const uint8_t* w, size_t w_stride, size_t c_beg
                     const uint8_t* x, size_t x_stride, size_t n, float* y, size_t y_stride) {
   if constexpr (R > 1) {
     if (rows == R - 1) {
-      gemm_tile_row<K, R - 1>(w, w_stride, c_begin, c_end, x, x_stride, n, y, y_stride);
+      gemm_tile_row<K, R - 1>(w, w_stride, c_begin, c_end, x, x_stride, n, y, y_stride, true);
     } else {
       gemm_rest_rows<K, R - 1>(rows, w, w_stride, c_begin, c_end, x, x_stride, n, y, y_stride);
     }
@@ -62,7 +67,7 @@ void gemm_tiled(const void* w, size_t w_stride, size_t n_w, const void* x, size_
     size_t r = 0;
     for (; r + K::kRows <= n_x; r += K::kRows) {
       gemm_tile_row<K, K::kRows>(wb, w_stride, c0, c1, xb + r * x_stride, x_stride, n,
-                                 y + r * y_stride, y_stride);
+                                 y + r * y_stride, y_stride, n_x <= kGemmNarrowRows);
     }
     gemm_rest_rows<K, K::kRows>(n_x - r, wb, w_stride, c0, c1, xb + r * x_stride, x_stride, n,
                                 y + r * y_stride, y_stride);
