@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
+#include <cstring>
 #include <exception>
 
 #include "base/error.h"
@@ -22,6 +23,10 @@ int main(int argc, char** argv) {
   kvc::cli::add_make_model_command(app);
   kvc::cli::add_bench_command(app);
   kvc::cli::add_plan_command(app);
+  // llama-bench spells its parallel-sequences flag -npl; CLI11 takes one letter after a dash.
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "-npl") == 0) argv[i] = const_cast<char*>("--npl");
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
