@@ -8,6 +8,7 @@
 
 #include "base/aligned_buffer.h"
 #include "base/byte_size.h"
+#include "base/kernels.h"
 #include "base/thread_pool.h"
 #include "engine/completion.h"
 #include "kv/memory_plan.h"
@@ -19,6 +20,15 @@ namespace kvc::bench {
 
 namespace {
 using Clock = std::chrono::steady_clock;
+
+struct Speeds {
+  double prefill = 0.0;  // prompt tokens/s
+  double decode = 0.0;   // generated tokens/s after the first
+};
+
+Speeds speeds(const engine::RequestStats& s) {
+  return {s.prompt_tokens / (s.prefill_ms / 1e3), (s.generated_tokens - 1) / (s.decode_ms / 1e3)};
+}
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -66,8 +76,9 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
   }
   out << "\n\n";
   out << fmt::format("KV cache: {}\n", kv::kv_dtypes_name(o.kv_k_dtype, o.kv_v_dtype));
-  out << fmt::format("{:<16} {:<5} {:>7} {:>10} {:>12} {:>11} {:>12} {:>9}\n", "model", "dtype",
-                     "threads", "weights", "prefill t/s", "decode t/s", "decode GB/s", "of limit");
+  out << fmt::format("{:<16} {:<5} {:>7} {:>10} {:>12} {:>8} {:>11} {:>8} {:>12} {:>9}\n", "model",
+                     "dtype", "threads", "weights", "prefill t/s", "vs rows", "decode t/s",
+                     "vs rows", "decode GB/s", "of limit");
   out.flush();
   for (const std::string& preset : o.presets) {
     for (DType dtype : o.dtypes) {
@@ -99,18 +110,29 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
         engine::complete(engine, r);
         r.prompt = prompt;
         r.max_tokens = o.decode_tokens + 1;
-        const engine::RequestStats s = engine::complete(engine, r).stats;
-        const double prefill = s.prompt_tokens / (s.prefill_ms / 1e3);
-        const double decode = (s.generated_tokens - 1) / (s.decode_ms / 1e3);
-        const double gbps = model->bytes_read_per_token() * decode / 1e9;
-        out << fmt::format("{:<16} {:<5} {:>7} {:>10} {:>12.1f} {:>11.1f} {:>12.1f} {:>9.2f}\n",
-                           preset, dtype_name(dtype), threads, format_bytes(model->weight_bytes()),
-                           prefill, decode, gbps, gbps / bandwidth[threads]);
+        // The same request without and with the GEMM tiles, back to back in one process, so
+        // that their ratio is measured under the same load.
+        Speeds untiled, tiled;
+        kernels::set_gemm_tiles(false);
+        untiled = speeds(engine::complete(engine, r).stats);
+        kernels::set_gemm_tiles(true);
+        tiled = speeds(engine::complete(engine, r).stats);
+        const double gbps = model->bytes_read_per_token() * tiled.decode / 1e9;
+        out << fmt::format(
+            "{:<16} {:<5} {:>7} {:>10} {:>12.1f} {:>7.2f}x {:>11.1f} {:>7.2f}x {:>12.1f} "
+            "{:>9.2f}\n",
+            preset, dtype_name(dtype), threads, format_bytes(model->weight_bytes()), tiled.prefill,
+            tiled.prefill / untiled.prefill, tiled.decode, tiled.decode / untiled.decode, gbps,
+            gbps / bandwidth[threads]);
         out.flush();
       }
     }
   }
-  out << "\nof limit = weight bytes read per decoded token x decode tokens/s / measured read "
+  out << fmt::format(
+      "\nkernels: {}; vs rows = speed with the GEMM tiles / one dot product at a "
+      "time (same results)\n",
+      kernels::isa_name(kernels::active_isa()));
+  out << "of limit = weight bytes read per decoded token x decode tokens/s / measured read "
          "bandwidth at the same thread count\n";
 }
 

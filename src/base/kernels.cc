@@ -1,9 +1,11 @@
 #include "base/kernels.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
 #include "base/error.h"
+#include "base/gemm_table.h"
 #include "base/kernel_table.h"
 
 namespace kvc::kernels {
@@ -52,15 +54,30 @@ Isa initial_isa() {
   return best_isa();
 }
 
+// Null for the scalar kernels, which compute one dot product at a time.
+const GemmTable* gemm_for(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return avx512_gemm();
+    case Isa::kAvx2:
+      return avx2_gemm();
+    case Isa::kScalar:
+      break;
+  }
+  return nullptr;
+}
+
 struct Active {
   Isa isa;
   const KernelTable* table;
+  const GemmTable* gemm;
+  bool gemm_tiles = true;
 };
 
 Active& active() {
   static Active state = [] {
     const Isa isa = initial_isa();
-    return Active{isa, table_for(isa)};
+    return Active{isa, table_for(isa), gemm_for(isa)};
   }();
   return state;
 }
@@ -83,7 +100,7 @@ Isa active_isa() {
 
 void set_isa(Isa isa) {
   if (!cpu_has(isa)) fail("this CPU does not support the {} kernels", isa_name(isa));
-  active() = Active{isa, table_for(isa)};
+  active() = Active{isa, table_for(isa), gemm_for(isa), active().gemm_tiles};
 }
 
 std::string_view isa_name(Isa isa) {
@@ -122,6 +139,36 @@ void dot_rows(DType wtype, const void* w, const void* x, size_t x_stride, int m,
   const DotFn dot = table().dot[static_cast<int>(wtype)];
   const auto* xb = static_cast<const uint8_t*>(x);
   for (int r = 0; r < m; ++r) out[r] = dot(w, xb + r * x_stride, n);
+}
+
+void gemm(DType wtype, const void* w, size_t w_stride, size_t n_w, const void* x, size_t x_stride,
+          size_t n_x, size_t n, float* y, size_t y_stride) {
+  const Active& state = active();
+  if (state.gemm != nullptr && state.gemm_tiles) {
+    state.gemm->gemm[static_cast<int>(wtype)](w, w_stride, n_w, x, x_stride, n_x, n, y, y_stride);
+    return;
+  }
+  const DotFn dot = state.table->dot[static_cast<int>(wtype)];
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* xb = static_cast<const uint8_t*>(x);
+  // The loop matmul ran before the tiles: eight activation rows against one weight row.
+  constexpr size_t kRowTile = 8;
+  for (size_t r0 = 0; r0 < n_x; r0 += kRowTile) {
+    const size_t r1 = std::min(n_x, r0 + kRowTile);
+    for (size_t c = 0; c < n_w; ++c) {
+      for (size_t r = r0; r < r1; ++r) {
+        y[r * y_stride + c] = dot(wb + c * w_stride, xb + r * x_stride, n);
+      }
+    }
+  }
+}
+
+void set_gemm_tiles(bool tiles) {
+  active().gemm_tiles = tiles;
+}
+
+bool gemm_tiles() {
+  return active().gemm_tiles;
 }
 
 float dot_f32(const float* a, const float* b, size_t n) {

@@ -37,6 +37,17 @@ void prepare_activations(DType w, const float* x, void* out, size_t n);
 void dot_rows(DType wtype, const void* w, const void* x, size_t x_stride, int m, size_t n,
               float* out);
 
+// y[r * y_stride + c] = dot(w_c, x_r) for r < n_x, c < n_w, where w_c = w + c * w_stride bytes
+// is a weight row of n elements of type wtype and x_r = x + r * x_stride bytes a prepared
+// activation row. Computed in register tiles; every value is bit-identical to dot_rows' for
+// the same pair, so it depends on w_c and x_r only.
+void gemm(DType wtype, const void* w, size_t w_stride, size_t n_w, const void* x, size_t x_stride,
+          size_t n_x, size_t n, float* y, size_t y_stride);
+// Makes gemm() take one dot product at a time (false) instead of register tiles (true, the
+// default): the same values, slower; kept for side-by-side benchmarks.
+void set_gemm_tiles(bool tiles);
+bool gemm_tiles();
+
 // dot(a, b) over n f32 values.
 float dot_f32(const float* a, const float* b, size_t n);
 // dot(a, b) where a holds n f16 values.

@@ -4,6 +4,7 @@
 #include "base/error.h"
 #include "bench/cache_bench.h"
 #include "bench/decode_bench.h"
+#include "bench/model_bench.h"
 #include "bench/tier_bench.h"
 #include "bench/workload_bench.h"
 #include "cli/cli_options.h"
@@ -14,30 +15,63 @@ namespace kvc::cli {
 
 void add_bench_command(CLI::App& app) {
   auto o = std::make_shared<bench::DecodeBenchOptions>();
+  auto m = std::make_shared<bench::ModelBenchOptions>();
   auto dtypes =
       std::make_shared<std::vector<std::string>>(std::vector<std::string>{"f32", "f16", "q8_0"});
+  auto prompts = std::make_shared<std::vector<int>>();
+  auto gens = std::make_shared<std::vector<int>>();
   CLI::App* cmd = app.add_subcommand(
       "bench",
-      "Prefill/decode tokens/s of synthetic models and decode as a fraction of the "
-      "measured memory bandwidth");
+      "With -m: a model's prefill and decode tokens/s, shaped like llama-bench. Without: "
+      "prefill/decode tokens/s of synthetic models and decode as a fraction of the measured "
+      "memory bandwidth");
+  cmd->add_option("-m,--model", m->model_path, "GGUF model (llama-bench's tests on it)");
+  cmd->add_option("-p,--prompt-tokens", *prompts,
+                  "Prompt lengths: one prefill test each (default 512; without -m the prefill "
+                  "length, default 128)")
+      ->delimiter(',');
+  cmd->add_option("-n,--decode-tokens", *gens,
+                  "Generated lengths: one decode test each (default 128; without -m the decode "
+                  "length, default 32)")
+      ->delimiter(',');
+  cmd->add_option("-d,--depth", m->n_depth, "Tokens already in the KV cache before each test")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("-t,--threads", o->threads,
+                  "Thread counts (default: every core with -m, else 1,2)")
+      ->delimiter(',');
+  cmd->add_option("-r,--repetitions", m->repetitions, "Repetitions of each test (-m)")
+      ->capture_default_str();
+  cmd->add_option("--npl", m->n_parallel,
+                  "Sequences decoding together after one shared -p prompt (-m; also -npl)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_flag("--json", m->json, "A JSON array shaped like llama-bench -o json (-m)");
   cmd->add_option("--models", o->presets, "Synthetic presets")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--dtypes", *dtypes, "Weight types")->delimiter(',')->capture_default_str();
-  cmd->add_option("--threads", o->threads, "Thread counts")->delimiter(',')->capture_default_str();
-  cmd->add_option("--prompt-tokens", o->prompt_tokens, "Prompt length for prefill")
-      ->capture_default_str();
-  cmd->add_option("--decode-tokens", o->decode_tokens, "Tokens to decode")->capture_default_str();
   auto kv_dtypes = std::make_shared<KvDtypeArgs>();
   add_kv_dtype_options(*cmd, *kv_dtypes, "f16");
   auto bandwidth_mib = std::make_shared<size_t>(o->bandwidth_bytes >> 20);
   cmd->add_option("--bandwidth-mib", *bandwidth_mib,
                   "Array size for the bandwidth measurement (well above the L3 cache)")
       ->capture_default_str();
-  cmd->callback([o, dtypes, kv_dtypes, bandwidth_mib, cmd] {
+  cmd->callback([o, m, dtypes, prompts, gens, kv_dtypes, bandwidth_mib, cmd] {
+    if (!cmd->get_subcommands().empty()) return;
     const KvDtypes kv = resolve_kv_dtypes(*kv_dtypes, DType::F16, true);
-    o->kv_k_dtype = kv.k;
-    o->kv_v_dtype = kv.v;
+    o->kv_k_dtype = m->kv_k_dtype = kv.k;
+    o->kv_v_dtype = m->kv_v_dtype = kv.v;
+    if (!m->model_path.empty()) {
+      if (!prompts->empty()) m->n_prompt = *prompts;
+      if (!gens->empty()) m->n_gen = *gens;
+      if (cmd->count("--threads") > 0) m->threads = o->threads;
+      bench::run_model_bench(*m, std::cout);
+      return;
+    }
+    if (prompts->size() > 1 || gens->size() > 1) fail("lists of -p and -n need -m");
+    if (!prompts->empty()) o->prompt_tokens = prompts->front();
+    if (!gens->empty()) o->decode_tokens = gens->front();
     if (*bandwidth_mib < 1) fail("--bandwidth-mib must be at least 1");
     o->bandwidth_bytes = *bandwidth_mib << 20;
     o->dtypes.clear();
@@ -48,7 +82,7 @@ void add_bench_command(CLI::App& app) {
     }
     if (o->prompt_tokens < 1 || o->decode_tokens < 1) fail("token counts must be positive");
     o->model_path = ensure_synthetic_model;
-    if (cmd->get_subcommands().empty()) bench::run_decode_bench(*o, std::cout);
+    bench::run_decode_bench(*o, std::cout);
   });
   cmd->require_subcommand(0, 1);
 

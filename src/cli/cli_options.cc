@@ -51,13 +51,15 @@ KvDtypes resolve_kv_dtypes(const KvDtypeArgs& args, DType fallback, bool pool_on
                   args.v.empty() ? both : parse(args.v, "--kv-dtype-v")};
 }
 
-std::vector<char*> expand_kv_dtype_aliases(int argc, char** argv) {
+std::vector<char*> expand_llama_cpp_aliases(int argc, char** argv) {
   static char k_flag[] = "--kv-dtype-k";
   static char v_flag[] = "--kv-dtype-v";
+  static char npl_flag[] = "--npl";
   std::vector<char*> out(argv, argv + argc);
   for (char*& arg : out) {
     if (std::string_view(arg) == "-ctk") arg = k_flag;
     if (std::string_view(arg) == "-ctv") arg = v_flag;
+    if (std::string_view(arg) == "-npl") arg = npl_flag;
   }
   return out;
 }

@@ -34,9 +34,9 @@ void add_kv_dtype_options(CLI::App& cmd, KvDtypeArgs& args, std::string_view fal
 // The K and V types the flags choose (fallback where none is given), parsed with
 // parse_pool_kv_dtype when pool_only, else parse_kv_dtype; throws Error naming the flag.
 KvDtypes resolve_kv_dtypes(const KvDtypeArgs& args, DType fallback, bool pool_only);
-// argv with llama.cpp's -ctk / -ctv spelled --kv-dtype-k / --kv-dtype-v (CLI11 takes only
-// one-letter short options); the pointers stay those of argv or static strings.
-std::vector<char*> expand_kv_dtype_aliases(int argc, char** argv);
+// argv with llama.cpp's -ctk / -ctv / -npl spelled --kv-dtype-k / --kv-dtype-v / --npl (CLI11
+// takes only one-letter short options); the pointers stay those of argv or static strings.
+std::vector<char*> expand_llama_cpp_aliases(int argc, char** argv);
 // The --threads value: requested if positive, else every core.
 int thread_count(int requested);
 

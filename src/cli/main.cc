@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   kvc::cli::add_plan_command(app);
   kvc::cli::add_perplexity_command(app);
   try {
-    std::vector<char*> args = kvc::cli::expand_kv_dtype_aliases(argc, argv);
+    std::vector<char*> args = kvc::cli::expand_llama_cpp_aliases(argc, argv);
     app.parse(static_cast<int>(args.size()), args.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

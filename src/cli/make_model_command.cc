@@ -15,6 +15,7 @@ struct MakeModelArgs {
   std::string output;
   std::string dtype = "f32";
   int layers = 0;
+  int context = 0;
   uint64_t seed = 1;
 };
 }  // namespace
@@ -29,6 +30,8 @@ void add_make_model_command(CLI::App& app) {
   cmd->add_option("--dtype", a->dtype, "Weight type: f32, f16, q8_0 or q4_0")
       ->capture_default_str();
   cmd->add_option("--layers", a->layers, "Override the preset's layer count");
+  cmd->add_option("--context", a->context,
+                  "Override the preset's context length (llama.context_length)");
   cmd->add_option("--seed", a->seed, "Weight seed")->capture_default_str();
   cmd->callback([a] {
     model::SyntheticOptions o;
@@ -39,6 +42,7 @@ void add_make_model_command(CLI::App& app) {
     }
     o.dtype = *dtype;
     o.layers = a->layers;
+    o.context = a->context;
     o.seed = a->seed;
     const uint64_t bytes = model::synthetic_model_bytes(o);
     spdlog::info("writing {} ({}, {} weights) to {}", a->preset, a->dtype, format_bytes(bytes),

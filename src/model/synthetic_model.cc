@@ -170,7 +170,9 @@ void write_synthetic_model(const SyntheticOptions& o, const std::string& path,
                                  : o.dtype == DType::F16  ? 1
                                  : o.dtype == DType::Q4_0 ? 2
                                                           : 7);
-  w.set_u32(arch + ".context_length", p.context_length);
+  if (o.context < 0 || o.context > (1 << 24))
+    fail("--context must be 1..16777216, got {}", o.context);
+  w.set_u32(arch + ".context_length", o.context > 0 ? o.context : p.context_length);
   w.set_u32(arch + ".embedding_length", p.n_embd);
   w.set_u32(arch + ".feed_forward_length", p.n_ff);
   w.set_u32(arch + ".block_count", layers);

@@ -33,6 +33,7 @@ struct SyntheticOptions {
   std::string preset = "tiny";
   DType dtype = DType::F32;  // matrices; norms stay f32
   int layers = 0;            // > 0 overrides the preset's layer count
+  int context = 0;           // > 0 overrides the preset's llama.context_length
   uint64_t seed = 1;
 };
 

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "test_models.h"
@@ -164,6 +165,20 @@ TEST(Cli, MakeModelWritesALoadableFileWithProgress) {
   EXPECT_THAT(r.err, HasSubstr("unknown preset 'nope'"));
 }
 
+TEST(Cli, MakeModelWritesTheContextLengthAsked) {
+  const std::string out = (testing::scratch_dir() / "long.gguf").string();
+  Result r = kvcache("make-model --preset tiny --context 16384 -o " + out);
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = kvcache("inspect " + out);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("context 16384"));
+  r = kvcache("bench -m " + out + " -p 8 -n 2 -d 1000 -t 1 -r 1");  // beyond the preset's 512
+  EXPECT_EQ(r.status, 0) << r.err;
+  r = kvcache("make-model --preset tiny --context -5 -o " + out);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("--context"));
+}
+
 TEST(Cli, BenchReportsDecodeAgainstBandwidth) {
   const Result r = kvcache(
       "bench --models tiny --dtypes q8_0 --threads 1 --prompt-tokens 8 --decode-tokens 4 "
@@ -172,6 +187,47 @@ TEST(Cli, BenchReportsDecodeAgainstBandwidth) {
   EXPECT_THAT(r.out, HasSubstr("memory read bandwidth"));
   EXPECT_THAT(r.out, HasSubstr("of limit"));
   EXPECT_THAT(r.out, ::testing::ContainsRegex("tiny +q8_0 +1 "));
+  EXPECT_THAT(r.out, HasSubstr("vs rows"));
+}
+
+TEST(Cli, BenchWithAModelRunsLlamaBenchsTestsAsJson) {
+  const std::string model = testing::synthetic_model_path("tiny", DType::Q8_0);
+  const Result r = kvcache("bench -m " + model + " -p 16 -n 4 -d 0,8 -t 1 -r 2 -npl 1,2 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto tests = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(tests.is_array());
+  ASSERT_EQ(tests.size(), 6u);  // per depth: pp16, tg4, tg4 with 2 sequences
+  for (const auto& t : tests) {
+    EXPECT_EQ(t["model_filename"], model);
+    EXPECT_EQ(t["type_k"], "f16");
+    EXPECT_EQ(t["type_v"], "f16");
+    EXPECT_EQ(t["n_threads"], 1);
+    EXPECT_FALSE(t["isa"].get<std::string>().empty());
+    ASSERT_EQ(t["samples_ts"].size(), 2u);
+    EXPECT_GT(t["avg_ts"].get<double>(), 0.0);
+    EXPECT_GE(t["stddev_ts"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(tests[0]["n_prompt"], 16);
+  EXPECT_EQ(tests[0]["n_gen"], 0);
+  EXPECT_EQ(tests[0]["n_depth"], 0);
+  EXPECT_EQ(tests[1]["n_prompt"], 0);
+  EXPECT_EQ(tests[1]["n_gen"], 4);
+  EXPECT_EQ(tests[1]["n_parallel"], 1);
+  EXPECT_EQ(tests[2]["n_prompt"], 16);  // the shared prompt, prefilled once, untimed
+  EXPECT_EQ(tests[2]["n_parallel"], 2);
+  EXPECT_EQ(tests[5]["n_depth"], 8);
+}
+
+TEST(Cli, BenchWithAModelPrintsATableAndRefusesTestsLongerThanTheContext) {
+  const std::string model = testing::synthetic_model_path("tiny", DType::F32);
+  Result r = kvcache("bench -m " + model + " -p 8 -n 2 -d 4 -t 1 -r 1 -npl 2");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("\\| +test \\| +t/s \\|"));
+  EXPECT_THAT(r.out, HasSubstr("pp8 @ d4"));
+  EXPECT_THAT(r.out, HasSubstr("tg2 x2 (pp8) @ d4"));
+  r = kvcache("bench -m " + model + " -p 8 -n 2 -d 100000 -r 1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("exceed the model's context"));
 }
 
 TEST(Cli, ServeRefusesBadFlagsBeforeListening) {

@@ -1,0 +1,233 @@
+// AVX2 + FMA + F16C GEMM micro-kernels: a tile of activation rows against a tile of weight
+// rows, every output summed with exactly the operations, lanes and order of the single-row dot
+// in kernels_avx2.cc, so a row's result does not depend on its tile.
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "base/dtype.h"
+#include "base/gemm_table.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+namespace kvc::kernels {
+namespace {
+
+#include "base/gemm_tiles.h"
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+inline float half(uint16_t h) {
+  return _cvtsh_ss(h);
+}
+
+template <class T>
+const T* row_at(const uint8_t* base, size_t stride, int index) {
+  return reinterpret_cast<const T*>(base + static_cast<size_t>(index) * stride);
+}
+
+struct LoadF32 {
+  using T = float;
+  static __m256 full(const float* p) { return _mm256_loadu_ps(p); }
+  static float one(float v) { return v; }
+};
+
+struct LoadF16 {
+  using T = uint16_t;
+  static __m256 full(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static float one(uint16_t v) { return half(v); }
+};
+
+struct LoadBf16 {
+  using T = uint16_t;
+  static __m256 full(const uint16_t* p) {
+    const __m256i wide =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+  static float one(uint16_t v) { return bf16_to_f32(v); }
+};
+
+// Float weights: U accumulators per output over 8 * U-element steps, then 8-element steps into
+// the first, their sum, then a scalar tail; as dot_f32_avx2 (U = 4), dot_f16_f32_avx2 and
+// dot_w_bf16 (U = 2).
+template <class Load, int U, int MRows, int NCols>
+struct FloatTile {
+  static constexpr int kRows = MRows;
+  static constexpr int kCols = NCols;
+  using T = typename Load::T;
+
+  template <int MR, int NR>
+  static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
+                   size_t ys) {
+    const T* a[NR];
+    const float* b[MR];
+    for (int j = 0; j < NR; ++j) a[j] = row_at<T>(w, ws, j);
+    for (int r = 0; r < MR; ++r) b[r] = row_at<float>(x, xs, r);
+    __m256 acc[MR][NR][U];
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < NR; ++j)
+        for (int u = 0; u < U; ++u) acc[r][j][u] = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 * U <= n; i += 8 * U) {
+#pragma GCC unroll 4
+      for (int u = 0; u < U; ++u) step(a, b, i + 8 * u, u, acc);
+    }
+    for (; i + 8 <= n; i += 8) step(a, b, i, 0, acc);
+    for (int r = 0; r < MR; ++r) {
+      for (int j = 0; j < NR; ++j) {
+        __m256 total = acc[r][j][0];
+        if constexpr (U == 4) {
+          total = _mm256_add_ps(_mm256_add_ps(acc[r][j][0], acc[r][j][1]),
+                                _mm256_add_ps(acc[r][j][2], acc[r][j][3]));
+        } else {
+          total = _mm256_add_ps(acc[r][j][0], acc[r][j][1]);
+        }
+        float sum = hsum(total);
+        for (size_t k = i; k < n; ++k) sum += Load::one(a[j][k]) * b[r][k];
+        y[r * ys + j] = sum;
+      }
+    }
+  }
+
+  template <int MR, int NR>
+  static inline void step(const T* const (&a)[NR], const float* const (&b)[MR], size_t i, int u,
+                          __m256 (&acc)[MR][NR][U]) {
+    __m256 av[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) av[j] = Load::full(a[j] + i);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m256 bv = _mm256_loadu_ps(b[r] + i);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) acc[r][j][u] = _mm256_fmadd_ps(av[j], bv, acc[r][j][u]);
+    }
+  }
+};
+
+struct Q8Weights {
+  using Block = BlockQ8_0;
+  static __m256i values(const Block& b) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs));
+  }
+};
+
+struct Q4Weights {
+  using Block = BlockQ4_0;
+  static __m256i values(const Block& b) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+    return _mm256_sub_epi8(_mm256_and_si256(both, _mm256_set1_epi8(0x0f)), _mm256_set1_epi8(8));
+  }
+};
+
+// One f16 scale as f32 in every lane.
+inline __m256 scale(const uint16_t* d) {
+  return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(*d)));
+}
+
+// Integer weights against q8_0 activations, one block per register, as dot_w_q8_0 and
+// dot_w_q4_0 in kernels_avx2.cc: maddubs takes |w| unsigned and x with w's sign, and madd
+// widens the pairs to int32 (exact: no pair sum exceeds 2 * 128 * 127).
+template <class W>
+struct IntTile {
+  static constexpr int kRows = 4;
+  static constexpr int kCols = 2;
+  using WBlock = typename W::Block;
+
+  // A prepared activation block: its 32 values and its scale as 8 floats.
+  struct BlockX {
+    int8_t values[32];
+    float scales[8];
+  };
+
+  static const uint8_t* prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
+                                size_t* stride) {
+    const size_t blocks = n / 32;
+    *stride = blocks * sizeof(BlockX);
+    uint8_t* out = gemm_scratch(*stride * n_x);
+    for (size_t r = 0; r < n_x; ++r) {
+      const auto* b = row_at<BlockQ8_0>(x, x_stride, static_cast<int>(r));
+      auto* p = reinterpret_cast<BlockX*>(out + r * *stride);
+      for (size_t i = 0; i < blocks; ++i) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p[i].values),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs)));
+        _mm256_storeu_ps(p[i].scales, scale(&b[i].d));
+      }
+    }
+    return out;
+  }
+
+  template <int MR, int NR>
+  static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
+                   size_t ys) {
+    const WBlock* a[NR];
+    const BlockX* b[MR];
+    for (int j = 0; j < NR; ++j) a[j] = row_at<WBlock>(w, ws, j);
+    for (int r = 0; r < MR; ++r) b[r] = row_at<BlockX>(x, xs, r);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[MR][NR];
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_setzero_ps();
+    for (size_t i = 0; i < n / 32; ++i) {
+      __m256i wq[NR], wabs[NR];
+      __m256 dw[NR];
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) {
+        wq[j] = W::values(a[j][i]);
+        wabs[j] = _mm256_sign_epi8(wq[j], wq[j]);
+        dw[j] = scale(&a[j][i].d);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[r][i].values));
+        const __m256 dx = _mm256_loadu_ps(b[r][i].scales);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) {
+          const __m256i pairs = _mm256_maddubs_epi16(wabs[j], _mm256_sign_epi8(xq, wq[j]));
+          const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+          acc[r][j] = _mm256_fmadd_ps(_mm256_mul_ps(dw[j], dx), dot, acc[r][j]);
+        }
+      }
+    }
+    for (int r = 0; r < MR; ++r) {
+      for (int j = 0; j < NR; ++j) y[r * ys + j] = hsum(acc[r][j]);
+    }
+  }
+};
+
+}  // namespace
+
+const GemmTable* avx2_gemm() {
+  static const GemmTable table = {{
+      gemm_tiled<FloatTile<LoadF32, 4, 3, 1>>,
+      gemm_tiled<FloatTile<LoadF16, 2, 2, 3>>,
+      gemm_tiled<FloatTile<LoadBf16, 2, 2, 3>>,
+      gemm_tiled<IntTile<Q8Weights>>,
+      gemm_tiled<IntTile<Q4Weights>>,
+  }};
+  return &table;
+}
+
+}  // namespace kvc::kernels
+
+#pragma GCC pop_options
+#else
+namespace kvc::kernels {
+const GemmTable* avx2_gemm() {
+  return nullptr;
+}
+}  // namespace kvc::kernels
+#endif

@@ -1,0 +1,320 @@
+// AVX-512 (F, BW, VL, DQ, VNNI) GEMM micro-kernels: a tile of activation rows against a tile
+// of weight rows, every output summed with exactly the operations, lanes and order of the
+// single-row dot in kernels_avx512.cc, so a row's result does not depend on its tile.
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "base/dtype.h"
+#include "base/gemm_table.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+
+namespace kvc::kernels {
+namespace {
+
+#include "base/gemm_tiles.h"
+
+inline float half(uint16_t h) {
+  return _cvtsh_ss(h);
+}
+
+inline float hsum256(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+inline float hsum512(__m512 v) {
+  return hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+inline __mmask16 tail_mask(size_t count) {
+  return static_cast<__mmask16>((1u << count) - 1);
+}
+
+template <class T>
+const T* row_at(const uint8_t* base, size_t stride, int index) {
+  return reinterpret_cast<const T*>(base + static_cast<size_t>(index) * stride);
+}
+
+// f32 weights: four accumulators per output over 64-element steps, as dot_f32_avx512.
+struct F32Tile {
+  static constexpr int kRows = 2;
+  static constexpr int kCols = 3;
+
+  template <int MR, int NR>
+  static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
+                   size_t ys) {
+    const float* a[NR];
+    const float* b[MR];
+    for (int j = 0; j < NR; ++j) a[j] = row_at<float>(w, ws, j);
+    for (int r = 0; r < MR; ++r) b[r] = row_at<float>(x, xs, r);
+    __m512 acc[MR][NR][4];
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < NR; ++j)
+        for (int u = 0; u < 4; ++u) acc[r][j][u] = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) step(a, b, i + 16 * u, u, acc);
+    }
+    for (; i + 16 <= n; i += 16) step(a, b, i, 0, acc);
+    if (i < n) {
+      const __mmask16 m = tail_mask(n - i);
+      __m512 av[NR];
+      for (int j = 0; j < NR; ++j) av[j] = _mm512_maskz_loadu_ps(m, a[j] + i);
+      for (int r = 0; r < MR; ++r) {
+        const __m512 bv = _mm512_maskz_loadu_ps(m, b[r] + i);
+        for (int j = 0; j < NR; ++j) acc[r][j][1] = _mm512_fmadd_ps(av[j], bv, acc[r][j][1]);
+      }
+    }
+    for (int r = 0; r < MR; ++r) {
+      for (int j = 0; j < NR; ++j) {
+        y[r * ys + j] = hsum512(_mm512_add_ps(_mm512_add_ps(acc[r][j][0], acc[r][j][1]),
+                                              _mm512_add_ps(acc[r][j][2], acc[r][j][3])));
+      }
+    }
+  }
+
+  template <int MR, int NR>
+  static inline void step(const float* const (&a)[NR], const float* const (&b)[MR], size_t i, int u,
+                          __m512 (&acc)[MR][NR][4]) {
+    __m512 av[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) av[j] = _mm512_loadu_ps(a[j] + i);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512 bv = _mm512_loadu_ps(b[r] + i);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) acc[r][j][u] = _mm512_fmadd_ps(av[j], bv, acc[r][j][u]);
+    }
+  }
+};
+
+struct LoadF16 {
+  static __m512 full(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static __m512 masked(__mmask16 m, const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+  }
+};
+
+struct LoadBf16 {
+  static __m512 widen(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static __m512 full(const uint16_t* p) {
+    return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static __m512 masked(__mmask16 m, const uint16_t* p) {
+    return widen(_mm256_maskz_loadu_epi16(m, p));
+  }
+};
+
+// f16 and bf16 weights: two accumulators per output over 32-element steps, as
+// dot_f16_f32_avx512 and dot_w_bf16.
+template <class Load>
+struct Half16Tile {
+  static constexpr int kRows = 3;
+  static constexpr int kCols = 4;
+
+  template <int MR, int NR>
+  static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
+                   size_t ys) {
+    const uint16_t* a[NR];
+    const float* b[MR];
+    for (int j = 0; j < NR; ++j) a[j] = row_at<uint16_t>(w, ws, j);
+    for (int r = 0; r < MR; ++r) b[r] = row_at<float>(x, xs, r);
+    __m512 acc[MR][NR][2];
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < NR; ++j) acc[r][j][0] = acc[r][j][1] = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      step(a, b, i, 0, acc);
+      step(a, b, i + 16, 1, acc);
+    }
+    for (; i + 16 <= n; i += 16) step(a, b, i, 0, acc);
+    if (i < n) {
+      const __mmask16 m = tail_mask(n - i);
+      __m512 av[NR];
+      for (int j = 0; j < NR; ++j) av[j] = Load::masked(m, a[j] + i);
+      for (int r = 0; r < MR; ++r) {
+        const __m512 bv = _mm512_maskz_loadu_ps(m, b[r] + i);
+        for (int j = 0; j < NR; ++j) acc[r][j][1] = _mm512_fmadd_ps(av[j], bv, acc[r][j][1]);
+      }
+    }
+    for (int r = 0; r < MR; ++r) {
+      for (int j = 0; j < NR; ++j) {
+        y[r * ys + j] = hsum512(_mm512_add_ps(acc[r][j][0], acc[r][j][1]));
+      }
+    }
+  }
+
+  template <int MR, int NR>
+  static inline void step(const uint16_t* const (&a)[NR], const float* const (&b)[MR], size_t i,
+                          int u, __m512 (&acc)[MR][NR][2]) {
+    __m512 av[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) av[j] = Load::full(a[j] + i);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512 bv = _mm512_loadu_ps(b[r] + i);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) acc[r][j][u] = _mm512_fmadd_ps(av[j], bv, acc[r][j][u]);
+    }
+  }
+};
+
+inline __m512i join(__m256i lo, __m256i hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+inline __m256i load256(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+struct Q8Weights {
+  using Block = BlockQ8_0;
+  static __m256i values(const Block& b) { return load256(b.qs); }
+};
+
+struct Q4Weights {
+  using Block = BlockQ4_0;
+  static __m256i values(const Block& b) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+    return _mm256_sub_epi8(_mm256_and_si256(both, _mm256_set1_epi8(0x0f)), _mm256_set1_epi8(8));
+  }
+};
+
+// Both f16 scales of a block pair as f32, each in its own half of the register.
+inline __m512 scale_pair(const uint16_t* lo, const uint16_t* hi) {
+  const __m256i both =
+      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(static_cast<short>(*lo))),
+                              _mm_set1_epi16(static_cast<short>(*hi)), 1);
+  return _mm512_cvtph_ps(both);
+}
+
+// Integer weights against q8_0 activations, two blocks per register, as dot_w_q8_0 and
+// dot_w_q4_0 in kernels_avx512.cc. dpbusd multiplies unsigned by signed bytes; the single-row
+// kernel moves w's sign onto x, which costs an operation per (row, column) pair. Here x is
+// offset to x + 128 (unsigned) once per row and -128 * sum(w) is subtracted through dpbusd's
+// accumulator input, once per weight row: both give the same exact int32 sums.
+template <class W>
+struct IntTile {
+  static constexpr int kRows = 4;
+  static constexpr int kCols = 4;
+  using WBlock = typename W::Block;
+
+  // A prepared activation row: per pair of blocks, their 64 values + 128 and their two scales
+  // as 16 floats (lanes 0-7 the first block's, 8-15 the second's); then an odd last block as
+  // it was.
+  struct PairX {
+    uint8_t values[64];
+    float scales[16];
+  };
+
+  static const uint8_t* prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
+                                size_t* stride) {
+    const size_t pairs = n / 64;
+    *stride = (pairs * sizeof(PairX) + sizeof(BlockQ8_0) + 63) / 64 * 64;
+    uint8_t* out = gemm_scratch(*stride * n_x);
+    const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
+    for (size_t r = 0; r < n_x; ++r) {
+      const auto* b = row_at<BlockQ8_0>(x, x_stride, static_cast<int>(r));
+      auto* p = reinterpret_cast<PairX*>(out + r * *stride);
+      for (size_t i = 0; i < pairs; ++i) {
+        const __m512i v = join(load256(b[2 * i].qs), load256(b[2 * i + 1].qs));
+        _mm512_storeu_si512(p[i].values, _mm512_xor_si512(v, offset));
+        _mm512_storeu_ps(p[i].scales, scale_pair(&b[2 * i].d, &b[2 * i + 1].d));
+      }
+      if (n / 32 % 2 != 0) {
+        *reinterpret_cast<BlockQ8_0*>(p + pairs) = b[n / 32 - 1];
+      }
+    }
+    return out;
+  }
+
+  template <int MR, int NR>
+  static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
+                   size_t ys) {
+    const WBlock* a[NR];
+    const PairX* b[MR];
+    for (int j = 0; j < NR; ++j) a[j] = row_at<WBlock>(w, ws, j);
+    for (int r = 0; r < MR; ++r) b[r] = row_at<PairX>(x, xs, r);
+    const size_t blocks = n / 32;
+    const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
+    __m512 acc[MR][NR];
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 2 <= blocks; i += 2) {
+      __m512i wq[NR], corr[NR];
+      __m512 dw[NR];
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) {
+        wq[j] = join(W::values(a[j][i]), W::values(a[j][i + 1]));
+        corr[j] = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                   _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, wq[j]));
+        dw[j] = scale_pair(&a[j][i].d, &a[j][i + 1].d);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const PairX& px = b[r][i / 2];
+        const __m512i xu = _mm512_loadu_si512(px.values);
+        const __m512 dx = _mm512_loadu_ps(px.scales);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) {
+          const __m512i dot = _mm512_dpbusd_epi32(corr[j], xu, wq[j]);
+          acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[j], dx), _mm512_cvtepi32_ps(dot), acc[r][j]);
+        }
+      }
+    }
+    for (int r = 0; r < MR; ++r) {
+      const auto& last = *reinterpret_cast<const BlockQ8_0*>(b[r] + blocks / 2);
+      for (int j = 0; j < NR; ++j) {
+        float sum = hsum512(acc[r][j]);
+        if (i < blocks) {
+          const __m256i wv = W::values(a[j][i]);
+          const __m256i offset8 = _mm256_set1_epi8(static_cast<char>(0x80));
+          const __m256i corr8 = _mm256_sub_epi32(
+              _mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), offset8, wv));
+          const __m256i xu = _mm256_xor_si256(load256(last.qs), offset8);
+          const __m256 d = _mm256_set1_ps(half(a[j][i].d) * half(last.d));
+          sum += hsum256(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(corr8, xu, wv))));
+        }
+        y[r * ys + j] = sum;
+      }
+    }
+  }
+};
+
+}  // namespace
+
+const GemmTable* avx512_gemm() {
+  static const GemmTable table = {{
+      gemm_tiled<F32Tile>,
+      gemm_tiled<Half16Tile<LoadF16>>,
+      gemm_tiled<Half16Tile<LoadBf16>>,
+      gemm_tiled<IntTile<Q8Weights>>,
+      gemm_tiled<IntTile<Q4Weights>>,
+  }};
+  return &table;
+}
+
+}  // namespace kvc::kernels
+
+#pragma GCC pop_options
+#else
+namespace kvc::kernels {
+const GemmTable* avx512_gemm() {
+  return nullptr;
+}
+}  // namespace kvc::kernels
+#endif

@@ -1,0 +1,75 @@
+// The loop nest around the register-blocked GEMM micro-kernels (internal to base/).
+//
+// Included by each instruction set's gemm_*.cc after its target pragma, inside an anonymous
+// namespace, so that every file gets its own copy compiled for its own instruction set. It
+// includes nothing itself: a standard header first opened under a target pragma would compile
+// shared inline functions for that instruction set.
+//
+// A kernel K provides kRows and kCols (the full tile: activation rows x weight rows) and
+// K::tile<MR, NR>(w, w_stride, x, x_stride, n, y, y_stride), which writes
+// y[r * y_stride + c] = dot(w_c, x_r) for r < MR, c < NR with the same operations per output
+// whatever MR and NR are: a value never depends on which tile computed it.
+#pragma once
+
+// Weight rows whose bytes fit in about half of a core's L2: the chunk is read from memory once
+// and then reused from cache by every activation tile.
+constexpr size_t kGemmChunkBytes = 256 * 1024;
+
+// With few activation rows the weights are read from memory about once each, and reading
+// several weight rows side by side from memory halves the bandwidth the prefetchers reach
+// (measured on Zen 4), so such calls, and the rows left over after the full tiles, take the
+// weight rows one at a time, in address order.
+constexpr size_t kGemmNarrowRows = 4;
+
+template <class K, int MR>
+void gemm_tile_row(const uint8_t* w, size_t w_stride, size_t c_begin, size_t c_end,
+                   const uint8_t* x, size_t x_stride, size_t n, float* y, size_t y_stride,
+                   bool narrow) {
+  size_t c = c_begin;
+  if constexpr (MR == K::kRows) {
+    for (; !narrow && c + K::kCols <= c_end; c += K::kCols) {
+      K::template tile<MR, K::kCols>(w + c * w_stride, w_stride, x, x_stride, n, y + c, y_stride);
+    }
+  }
+  for (; c < c_end; ++c) {
+    K::template tile<MR, 1>(w + c * w_stride, w_stride, x, x_stride, n, y + c, y_stride);
+  }
+}
+
+// The rows < R left over after the full tiles, as one tile of that many rows.
+template <class K, int R>
+void gemm_rest_rows(size_t rows, const uint8_t* w, size_t w_stride, size_t c_begin, size_t c_end,
+                    const uint8_t* x, size_t x_stride, size_t n, float* y, size_t y_stride) {
+  if constexpr (R > 1) {
+    if (rows == R - 1) {
+      gemm_tile_row<K, R - 1>(w, w_stride, c_begin, c_end, x, x_stride, n, y, y_stride, true);
+    } else {
+      gemm_rest_rows<K, R - 1>(rows, w, w_stride, c_begin, c_end, x, x_stride, n, y, y_stride);
+    }
+  }
+}
+
+// A kernel may also provide K::prepare(x, x_stride, n_x, n, &stride), which rewrites the
+// activation rows once per call into the layout its tiles read (returning the rows and setting
+// their stride), so that no tile redoes that work for every weight row.
+template <class K>
+void gemm_tiled(const void* w, size_t w_stride, size_t n_w, const void* x, size_t x_stride,
+                size_t n_x, size_t n, float* y, size_t y_stride) {
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* xb = static_cast<const uint8_t*>(x);
+  if constexpr (requires { K::prepare(xb, x_stride, n_x, n, &x_stride); }) {
+    xb = K::prepare(xb, x_stride, n_x, n, &x_stride);
+  }
+  size_t chunk = kGemmChunkBytes / w_stride / K::kCols * K::kCols;
+  if (chunk < static_cast<size_t>(K::kCols)) chunk = K::kCols;
+  for (size_t c0 = 0; c0 < n_w; c0 += chunk) {
+    const size_t c1 = n_w - c0 < chunk ? n_w : c0 + chunk;
+    size_t r = 0;
+    for (; r + K::kRows <= n_x; r += K::kRows) {
+      gemm_tile_row<K, K::kRows>(wb, w_stride, c0, c1, xb + r * x_stride, x_stride, n,
+                                 y + r * y_stride, y_stride, n_x <= kGemmNarrowRows);
+    }
+    gemm_rest_rows<K, K::kRows>(n_x - r, wb, w_stride, c0, c1, xb + r * x_stride, x_stride, n,
+                                y + r * y_stride, y_stride);
+  }
+}

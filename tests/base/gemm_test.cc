@@ -1,0 +1,212 @@
+// The register-tiled GEMM must give every output the exact bits of the single-row dot, on every
+// instruction set, for every weight type, tile shape and remainder.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "base/kernels.h"
+#include "base/matmul.h"
+
+namespace kvc {
+namespace {
+
+using kernels::Isa;
+
+struct IsaGuard {
+  Isa saved = kernels::active_isa();
+  bool tiles = kernels::gemm_tiles();
+  ~IsaGuard() {
+    kernels::set_isa(saved);
+    kernels::set_gemm_tiles(tiles);
+  }
+};
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+constexpr DType kWeightTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
+
+// Weights and prepared activations of one shape, filled from a seed.
+struct Operands {
+  DType wt;
+  size_t n, n_w, n_x, w_stride, x_stride;
+  std::vector<uint8_t> w, x;
+
+  Operands(DType type, size_t elements, size_t weight_rows, size_t act_rows, uint32_t seed)
+      : wt(type), n(elements), n_w(weight_rows), n_x(act_rows) {
+    w_stride = row_bytes(wt, n);
+    x_stride = kernels::activation_row_bytes(wt, n);
+    w.resize(w_stride * n_w);
+    x.resize(x_stride * n_x);
+    const auto wf = random_floats(n * n_w, seed);
+    const auto xf = random_floats(n * n_x, seed + 1);
+    for (size_t c = 0; c < n_w; ++c) quantize_row(wt, &wf[c * n], &w[c * w_stride], n);
+    for (size_t r = 0; r < n_x; ++r) {
+      kernels::prepare_activations(wt, &xf[r * n], &x[r * x_stride], n);
+    }
+  }
+
+  // One dot product per call: the single-row path every tile must reproduce.
+  float single(size_t r, size_t c) const {
+    float out = 0.0f;
+    kernels::dot_rows(wt, &w[c * w_stride], &x[r * x_stride], x_stride, 1, n, &out);
+    return out;
+  }
+
+  std::vector<float> gemm() const {
+    std::vector<float> y(n_x * n_w);
+    kernels::gemm(wt, w.data(), w_stride, n_w, x.data(), x_stride, n_x, n, y.data(), n_w);
+    return y;
+  }
+};
+
+std::string describe(DType wt, size_t n, size_t n_w, size_t n_x, size_t r, size_t c) {
+  return std::string(kernels::isa_name(kernels::active_isa())) + " " + std::string(dtype_name(wt)) +
+         " n=" + std::to_string(n) + " " + std::to_string(n_x) + "x" + std::to_string(n_w) +
+         " at (" + std::to_string(r) + "," + std::to_string(c) + ")";
+}
+
+bool same_bits(float a, float b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+class GemmTest : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    if (GetParam() > kernels::best_isa()) {
+      GTEST_SKIP() << "this CPU lacks " << kernels::isa_name(GetParam()) << " (best is "
+                   << kernels::isa_name(kernels::best_isa()) << "): its kernels are not tested";
+    }
+    kernels::set_isa(GetParam());
+    kernels::set_gemm_tiles(true);
+  }
+  IsaGuard guard_;
+};
+
+// Every shape up to a few full tiles in both directions, so each tile kind (full, short in
+// rows, short in columns, both) meets every length kind (whole steps, remainders, odd blocks).
+TEST_P(GemmTest, EveryOutputEqualsTheSingleRowDot) {
+  for (DType wt : kWeightTypes) {
+    std::vector<size_t> lengths = {32, 64, 96, 160, 2080};
+    if (block_elements(wt) == 1) lengths.insert(lengths.end(), {8, 13, 72, 100, 2087});
+    for (size_t n : lengths) {
+      for (size_t n_x : {1u, 2u, 3u, 4u, 5u, 9u}) {
+        for (size_t n_w : {1u, 2u, 3u, 4u, 5u, 7u, 13u}) {
+          const Operands ops(wt, n, n_w, n_x, static_cast<uint32_t>(n * 131 + n_x * 7 + n_w));
+          const std::vector<float> y = ops.gemm();
+          for (size_t r = 0; r < n_x; ++r) {
+            for (size_t c = 0; c < n_w; ++c) {
+              ASSERT_TRUE(same_bits(y[r * n_w + c], ops.single(r, c)))
+                  << describe(wt, n, n_w, n_x, r, c) << ": " << y[r * n_w + c]
+                  << " != " << ops.single(r, c);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Weight rows wider than the cache chunk the loop nest splits them into.
+TEST_P(GemmTest, ChunkedWeightRowsEqualTheSingleRowDot) {
+  for (DType wt : kWeightTypes) {
+    const Operands ops(wt, 4096, 70, 6, 77);
+    const std::vector<float> y = ops.gemm();
+    for (size_t r = 0; r < ops.n_x; ++r) {
+      for (size_t c = 0; c < ops.n_w; ++c) {
+        ASSERT_TRUE(same_bits(y[r * ops.n_w + c], ops.single(r, c)))
+            << describe(wt, ops.n, ops.n_w, ops.n_x, r, c);
+      }
+    }
+  }
+}
+
+// The int8 kernels rewrite the sign handling of the single-row dot; extreme values (-128 in a
+// weight, which no quantizer writes but a file may hold, and +-127 everywhere) must still give
+// the same exact sums.
+TEST_P(GemmTest, ExtremeInt8ValuesEqualTheSingleRowDot) {
+  for (DType wt : {DType::Q8_0, DType::Q4_0}) {
+    Operands ops(wt, 96, 5, 5, 3);
+    std::mt19937 rng(9);
+    for (size_t c = 0; c < ops.n_w; ++c) {
+      auto* blocks = &ops.w[c * ops.w_stride];
+      for (size_t b = 0; b < ops.n / 32; ++b) {
+        if (wt == DType::Q8_0) {
+          auto* q = reinterpret_cast<BlockQ8_0*>(blocks) + b;
+          for (int8_t& v : q->qs) v = (rng() & 1) ? -128 : 127;
+        } else {
+          auto* q = reinterpret_cast<BlockQ4_0*>(blocks) + b;
+          for (uint8_t& v : q->qs) v = (rng() & 1) ? 0x0f : 0x00;
+        }
+      }
+    }
+    for (size_t r = 0; r < ops.n_x; ++r) {
+      auto* q = reinterpret_cast<BlockQ8_0*>(&ops.x[r * ops.x_stride]);
+      for (size_t b = 0; b < ops.n / 32; ++b) {
+        for (int8_t& v : q[b].qs) v = (rng() & 1) ? -127 : 127;
+      }
+    }
+    const std::vector<float> y = ops.gemm();
+    for (size_t r = 0; r < ops.n_x; ++r) {
+      for (size_t c = 0; c < ops.n_w; ++c) {
+        ASSERT_TRUE(same_bits(y[r * ops.n_w + c], ops.single(r, c)))
+            << describe(wt, ops.n, ops.n_w, ops.n_x, r, c);
+      }
+    }
+  }
+}
+
+// The untiled loop kept for benchmarks gives the same values.
+TEST_P(GemmTest, TilesOffGivesTheSameValues) {
+  for (DType wt : kWeightTypes) {
+    const Operands ops(wt, 192, 11, 10, 21);
+    const std::vector<float> tiled = ops.gemm();
+    kernels::set_gemm_tiles(false);
+    const std::vector<float> untiled = ops.gemm();
+    kernels::set_gemm_tiles(true);
+    EXPECT_EQ(0, std::memcmp(tiled.data(), untiled.data(), tiled.size() * sizeof(float)))
+        << kernels::isa_name(GetParam()) << " " << dtype_name(wt);
+  }
+}
+
+// Through matmul: a row's outputs do not depend on the batch it came in or the thread count.
+TEST_P(GemmTest, MatmulRowsAreIndependentOfBatchAndThreads) {
+  for (DType wt : kWeightTypes) {
+    const size_t in = 288, out = 75, rows = 23;
+    const auto wf = random_floats(in * out, 5);
+    std::vector<uint8_t> w(row_bytes(wt, in) * out);
+    for (size_t o = 0; o < out; ++o) quantize_row(wt, &wf[o * in], &w[o * row_bytes(wt, in)], in);
+    const WeightView view{wt, w.data(), out, in};
+    const auto x = random_floats(in * rows, 6);
+    std::vector<uint8_t> scratch;
+    ThreadPool one(1), three(3);
+    std::vector<float> batch(rows * out), batch3(rows * out);
+    matmul(one, view, x.data(), rows, batch.data(), scratch);
+    matmul(three, view, x.data(), rows, batch3.data(), scratch);
+    EXPECT_EQ(0, std::memcmp(batch.data(), batch3.data(), batch.size() * sizeof(float)))
+        << dtype_name(wt);
+    for (size_t first = 0; first < rows; first += 7) {
+      const size_t count = std::min<size_t>(5, rows - first);
+      std::vector<float> part(count * out);
+      matmul(three, view, &x[first * in], count, part.data(), scratch);
+      EXPECT_EQ(0, std::memcmp(part.data(), &batch[first * out], part.size() * sizeof(float)))
+          << kernels::isa_name(GetParam()) << " " << dtype_name(wt) << " rows " << first;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryIsa, GemmTest,
+                         ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
+                         [](const auto& info) {
+                           return std::string(kernels::isa_name(info.param));
+                         });
+
+}  // namespace
+}  // namespace kvc
