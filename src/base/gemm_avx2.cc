@@ -16,20 +16,9 @@
 namespace kvc::kernels {
 namespace {
 
+#include "base/simd_reduce.h"
+
 #include "base/gemm_tiles.h"
-
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v);
-  __m128 hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-
-inline float half(uint16_t h) {
-  return _cvtsh_ss(h);
-}
 
 template <class T>
 const T* row_at(const uint8_t* base, size_t stride, int index) {
@@ -95,7 +84,7 @@ struct FloatTile {
         } else {
           total = _mm256_add_ps(acc[r][j][0], acc[r][j][1]);
         }
-        float sum = hsum(total);
+        float sum = hsum256(total);
         for (size_t k = i; k < n; ++k) sum += Load::one(a[j][k]) * b[r][k];
         y[r * ys + j] = sum;
       }
@@ -203,7 +192,7 @@ struct IntTile {
       }
     }
     for (int r = 0; r < MR; ++r) {
-      for (int j = 0; j < NR; ++j) y[r * ys + j] = hsum(acc[r][j]);
+      for (int j = 0; j < NR; ++j) y[r * ys + j] = hsum256(acc[r][j]);
     }
   }
 };

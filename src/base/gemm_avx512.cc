@@ -16,18 +16,9 @@
 namespace kvc::kernels {
 namespace {
 
+#include "base/simd_reduce.h"
+
 #include "base/gemm_tiles.h"
-
-inline float half(uint16_t h) {
-  return _cvtsh_ss(h);
-}
-
-inline float hsum256(__m256 v) {
-  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
 
 inline float hsum512(__m512 v) {
   return hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));

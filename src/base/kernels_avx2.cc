@@ -12,18 +12,7 @@
 namespace kvc::kernels {
 namespace {
 
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v);
-  __m128 hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-
-inline float half(uint16_t h) {
-  return _cvtsh_ss(h);
-}
+#include "base/simd_reduce.h"
 
 inline __m256 load_bf16(const uint16_t* p) {
   __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -43,7 +32,7 @@ float dot_f32_avx2(const float* a, const float* b, size_t n) {
   for (; i + 8 <= n; i += 8) {
     acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
   }
-  float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+  float sum = hsum256(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
 }
@@ -61,7 +50,7 @@ float dot_f16_f32_avx2(const uint16_t* a, const float* b, size_t n) {
     __m256 a0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
     acc0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(b + i), acc0);
   }
-  float sum = hsum(_mm256_add_ps(acc0, acc1));
+  float sum = hsum256(_mm256_add_ps(acc0, acc1));
   for (; i < n; ++i) sum += half(a[i]) * b[i];
   return sum;
 }
@@ -103,7 +92,7 @@ float dot_w_bf16(const void* w, const void* x, size_t n) {
     acc1 = _mm256_fmadd_ps(load_bf16(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
   }
   for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(load_bf16(a + i), _mm256_loadu_ps(b + i), acc0);
-  float sum = hsum(_mm256_add_ps(acc0, acc1));
+  float sum = hsum256(_mm256_add_ps(acc0, acc1));
   for (; i < n; ++i) sum += bf16_to_f32(a[i]) * b[i];
   return sum;
 }
@@ -127,7 +116,7 @@ float dot_w_q8_0(const void* w, const void* x, size_t n) {
     const __m256 d = _mm256_set1_ps(half(a[i].d) * half(b[i].d));
     acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(qa, qb)), acc);
   }
-  return hsum(acc);
+  return hsum256(acc);
 }
 
 float dot_w_q4_0(const void* w, const void* x, size_t n) {
@@ -144,7 +133,7 @@ float dot_w_q4_0(const void* w, const void* x, size_t n) {
     const __m256 d = _mm256_set1_ps(half(a[i].d) * half(b[i].d));
     acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(qa, qb)), acc);
   }
-  return hsum(acc);
+  return hsum256(acc);
 }
 
 KVC_ATTENTION_LOOPS(dot_f32_avx2, dot_f16_f32_avx2, axpy_f32_avx2, axpy_f16_avx2)

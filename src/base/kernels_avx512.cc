@@ -12,16 +12,7 @@
 namespace kvc::kernels {
 namespace {
 
-inline float half(uint16_t h) {
-  return _cvtsh_ss(h);
-}
-
-inline float hsum256(__m256 v) {
-  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
+#include "base/simd_reduce.h"
 
 // Horizontal sum in a fixed order (GCC 12's _mm512_reduce_add_ps trips -Wuninitialized).
 inline float hsum512(__m512 v) {

@@ -12,12 +12,7 @@
 namespace kvc::kernels {
 namespace {
 
-inline float hsum(__m256 v) {
-  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
+#include "base/simd_reduce.h"
 
 // Eight values of a group from element e (a multiple of 8), as floats.
 inline __m256 lanes(const BlockQ8_0& b, int e) {
@@ -53,7 +48,7 @@ void scores(const float* q, const uint8_t* base, size_t stride, int first, size_
       }
       acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[g].d)), sum, acc);
     }
-    out[t] = hsum(acc) * scale;
+    out[t] = hsum256(acc) * scale;
   }
 }
 
