@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "base/isa_fixtures.h"
 #include "base/kernels.h"
 #include "base/matmul.h"
 
@@ -13,23 +14,7 @@ namespace kvc {
 namespace {
 
 using kernels::Isa;
-
-struct IsaGuard {
-  Isa saved = kernels::active_isa();
-  bool tiles = kernels::gemm_tiles();
-  ~IsaGuard() {
-    kernels::set_isa(saved);
-    kernels::set_gemm_tiles(tiles);
-  }
-};
-
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using namespace isa_fixtures;
 
 constexpr DType kWeightTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
 

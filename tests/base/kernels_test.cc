@@ -6,32 +6,14 @@
 #include <random>
 #include <vector>
 
+#include "base/isa_fixtures.h"
 #include "base/matmul.h"
 
 namespace kvc {
 namespace {
 
 using kernels::Isa;
-
-std::vector<Isa> supported_isas() {
-  std::vector<Isa> out = {Isa::kScalar};
-  if (kernels::best_isa() >= Isa::kAvx2) out.push_back(Isa::kAvx2);
-  if (kernels::best_isa() >= Isa::kAvx512) out.push_back(Isa::kAvx512);
-  return out;
-}
-
-struct IsaGuard {
-  Isa saved = kernels::active_isa();
-  ~IsaGuard() { kernels::set_isa(saved); }
-};
-
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using namespace isa_fixtures;
 
 // The exact dot product of what the kernel sees: both operands dequantised, summed in double.
 double reference_dot(DType wt, const std::vector<uint8_t>& w, const std::vector<uint8_t>& x,

@@ -10,32 +10,14 @@
 #include <random>
 #include <vector>
 
+#include "base/isa_fixtures.h"
 #include "base/kernels.h"
 
 namespace kvc {
 namespace {
 
 using kernels::Isa;
-
-std::vector<Isa> supported_isas() {
-  std::vector<Isa> out = {Isa::kScalar};
-  if (kernels::best_isa() >= Isa::kAvx2) out.push_back(Isa::kAvx2);
-  if (kernels::best_isa() >= Isa::kAvx512) out.push_back(Isa::kAvx512);
-  return out;
-}
-
-struct IsaGuard {
-  Isa saved = kernels::active_isa();
-  ~IsaGuard() { kernels::set_isa(saved); }
-};
-
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using namespace isa_fixtures;
 
 // n tokens, each a row of `per_token` values quantised in groups of 32, and the dequantised
 // values of the head of hd values starting at element `at` of each row.
