@@ -216,7 +216,8 @@ void run_tier_bench(const TierBenchOptions& o, std::ostream& out) {
       results[p] = r;
       const auto& d = r.tiers.decisions[static_cast<size_t>(engine::Tier::kDisk)];
       const uint64_t stored = d[static_cast<size_t>(engine::TierDecision::kStored)];
-      const uint64_t dropped = d[static_cast<size_t>(engine::TierDecision::kDroppedCheap)];
+      const uint64_t dropped = d[static_cast<size_t>(engine::TierDecision::kDroppedCheap)] +
+                               d[static_cast<size_t>(engine::TierDecision::kDroppedSeldomReused)];
       const double hit = 100.0 * r.cached_tokens / std::max<uint64_t>(1, r.prompt_tokens);
       const double disk = 100.0 * r.disk_tokens / std::max<uint64_t>(1, r.prompt_tokens);
       if (o.json) {

@@ -10,6 +10,11 @@ namespace {
 constexpr double kForget = 0.98;        // weight of a pass falls by a half every ~34 passes
 constexpr double kLoadSmoothing = 0.2;  // weight of the newest load in the running average
 constexpr double kPositionScale = 1024;
+// Reuse is judged over roughly the last thousand blocks computed (a half-life of ~350).
+constexpr double kReuseForget = 0.998;
+// Until blocks have been seen: one read per two blocks, worth eight blocks of evidence, so
+// a workload that never returns stops storing within a few dozen blocks.
+constexpr double kPriorBlocks = 8, kPriorReads = 4;
 
 // Solves the 3x3 system m x = y by Gaussian elimination with partial pivoting; false when it
 // is (nearly) singular.
@@ -53,12 +58,44 @@ std::string_view tier_decision_name(TierDecision d) {
       return "loaded";
     case TierDecision::kRecomputedFaster:
       return "recomputed_faster";
+    case TierDecision::kDroppedSeldomReused:
+      return "dropped_seldom_reused";
   }
   return "unknown";
 }
 
 CostModel::CostModel(size_t block_tokens, std::array<double, kTierCount> load_prior_ms)
-    : block_tokens_(std::max<size_t>(1, block_tokens)), load_ms_(load_prior_ms) {}
+    : block_tokens_(std::max<size_t>(1, block_tokens)),
+      load_ms_(load_prior_ms),
+      write_ms_(load_prior_ms),
+      computed_weight_(kPriorBlocks),
+      returned_weight_(kPriorReads) {}
+
+void CostModel::observe_computed(size_t blocks) {
+  const double keep = std::pow(kReuseForget, static_cast<double>(blocks));
+  computed_weight_ = computed_weight_ * keep + static_cast<double>(blocks);
+  returned_weight_ *= keep;
+}
+
+void CostModel::observe_returns(size_t blocks) {
+  returned_weight_ += static_cast<double>(blocks);
+}
+
+void CostModel::observe_write(Tier tier, double cpu_ms) {
+  if (cpu_ms >= 0) write_ms_[static_cast<size_t>(tier)] = cpu_ms;
+}
+
+double CostModel::tier_reads_per_block() const {
+  return returned_weight_ / computed_weight_;
+}
+
+TierDecision CostModel::store_decision(Tier tier, size_t depth_tokens) const {
+  const double saving = recompute_ms(depth_tokens) - load_ms(tier);
+  if (!(saving > 0)) return TierDecision::kDroppedCheap;
+  if (std::isinf(saving)) return TierDecision::kStored;  // recompute not measured yet
+  return tier_reads_per_block() * saving > write_ms(tier) ? TierDecision::kStored
+                                                          : TierDecision::kDroppedSeldomReused;
+}
 
 void CostModel::observe_pass(size_t tokens, double position_sum, double ms) {
   if (tokens == 0 || !(ms >= 0)) return;
@@ -149,6 +186,8 @@ CostModelSnapshot CostModel::snapshot() const {
   s.passes = passes_;
   s.load_ms = load_ms_;
   s.loads = loads_;
+  s.write_ms = write_ms_;
+  s.tier_reads_per_block = tier_reads_per_block();
   return s;
 }
 

@@ -4,6 +4,15 @@
 // the pool evicts, whether a block is worth storing in a tier, and whether a tier hit is loaded
 // or recomputed.
 //
+// Reuse: a block is worth writing to a tier only if it will be read back from there, that is,
+// if it is wanted again after it has left the pool. The model counts the blocks the engine
+// computes and the blocks requests want again after the pool evicted them (known from the
+// index's ledger of evicted blocks, whether or not a tier held them, so the estimate is learnt
+// even while nothing is stored); their ratio is the expected number of tier reads per block
+// written. A block is stored when that many reads times what each saves (recompute minus
+// load) exceeds the processor time its write takes (the writer shares the cores with the
+// forward pass).
+//
 // Recompute: a prefill pass of T new tokens at positions p costs about c + a*T + b*sum(p)
 // milliseconds (weights are read once per pass; attention grows with the context before each
 // token). The three coefficients are fitted by least squares over the engine's passes of at
@@ -30,12 +39,13 @@ std::string_view tier_name(Tier t);
 
 // Why a block went (or did not go) where it did.
 enum class TierDecision : uint8_t {
-  kStored,            // written to the tier: a hit there saves time
-  kDroppedCheap,      // not written: recomputing it is faster than loading it
-  kLoaded,            // a hit in the tier, loaded into the pool
-  kRecomputedFaster,  // a hit in the tier, recomputed because that was faster
+  kStored,               // written to the tier: a hit there saves time
+  kDroppedCheap,         // not written: recomputing it is faster than loading it
+  kLoaded,               // a hit in the tier, loaded into the pool
+  kRecomputedFaster,     // a hit in the tier, recomputed because that was faster
+  kDroppedSeldomReused,  // not written: blocks are seldom wanted again after eviction
 };
-inline constexpr size_t kTierDecisionCount = 4;
+inline constexpr size_t kTierDecisionCount = 5;
 std::string_view tier_decision_name(TierDecision d);
 
 // How blocks move between the pool and the tiers.
@@ -49,18 +59,33 @@ struct CostModelSnapshot {
   uint64_t passes = 0;                             // passes fitted
   std::array<double, kTierCount> load_ms{};        // per block
   std::array<uint64_t, kTierCount> loads{};        // loads measured
+  std::array<double, kTierCount> write_ms{};       // processor time per block written
+  double tier_reads_per_block = 0;                 // expected reads after eviction
 };
 
 class CostModel {
  public:
   // block_tokens: tokens per block; load_prior_ms: each tier's load time per block until one is
-  // measured.
+  // measured (also the prior of its write time).
   CostModel(size_t block_tokens, std::array<double, kTierCount> load_prior_ms);
 
   // One forward pass: tokens rows whose positions sum to position_sum, taking ms.
   void observe_pass(size_t tokens, double position_sum, double ms);
   // One block loaded from tier in ms.
   void observe_load(Tier tier, double ms);
+
+  // blocks newly computed and indexed (each a candidate for the tiers).
+  void observe_computed(size_t blocks);
+  // blocks a request wanted after they had left the pool (a tier copy would serve them).
+  void observe_returns(size_t blocks);
+  // Mean processor time of one block write to tier, as measured by its writer.
+  void observe_write(Tier tier, double cpu_ms);
+  // Expected reads from a lower tier per block computed (a decayed ratio with a prior).
+  double tier_reads_per_block() const;
+  double write_ms(Tier tier) const { return write_ms_[static_cast<size_t>(tier)]; }
+  // Whether to write the block at depth_tokens to tier: kStored, kDroppedCheap (a load would
+  // not beat recompute) or kDroppedSeldomReused (expected reads do not repay the write).
+  TierDecision store_decision(Tier tier, size_t depth_tokens) const;
 
   // Milliseconds to recompute the block that starts at depth_tokens.
   double recompute_ms(size_t depth_tokens) const;
@@ -97,6 +122,8 @@ class CostModel {
   uint64_t passes_ = 0;
   std::array<double, kTierCount> load_ms_;
   std::array<uint64_t, kTierCount> loads_{};
+  std::array<double, kTierCount> write_ms_;
+  double computed_weight_, returned_weight_;  // decayed counts, with the prior in them
   std::array<std::array<uint64_t, kTierDecisionCount>, kTierCount> decisions_{};
 };
 

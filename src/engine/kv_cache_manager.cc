@@ -67,11 +67,39 @@ double KvCacheManager::block_value(const kv::BlockFacts& f) const {
   return cost_.pool_value(f, next_best);
 }
 
-bool KvCacheManager::store_in(Tier tier, size_t depth_tokens) {
-  const bool store =
-      options_.tiers.policy == TierPolicy::kKeepAll || cost_.worth_storing(tier, depth_tokens);
-  cost_.count(tier, store ? TierDecision::kStored : TierDecision::kDroppedCheap);
-  return store;
+namespace {
+
+// A block's tag in the index records the store decision of each tier (0: none), so that a
+// later miss on it can say why no tier held it.
+uint8_t with_decision(uint8_t tag, Tier tier, TierDecision d) {
+  const int shift = tier == Tier::kDisk ? 0 : 4;
+  return static_cast<uint8_t>((tag & ~(0xF << shift)) | ((static_cast<int>(d) + 1) << shift));
+}
+
+std::optional<TierDecision> decision_in(uint8_t tag, Tier tier) {
+  const int v = (tag >> (tier == Tier::kDisk ? 0 : 4)) & 0xF;
+  if (v == 0) return std::nullopt;
+  return static_cast<TierDecision>(v - 1);
+}
+
+}  // namespace
+
+bool KvCacheManager::store_in(Tier tier, size_t depth_tokens, uint8_t& tag) {
+  const TierDecision d = options_.tiers.policy == TierPolicy::kKeepAll
+                             ? TierDecision::kStored
+                             : cost_.store_decision(tier, depth_tokens);
+  cost_.count(tier, d);
+  tag = with_decision(tag, tier, d);
+  return d == TierDecision::kStored;
+}
+
+void KvCacheManager::measure_writes() {
+  const auto mean = [](const kv::TierWriteStats& w) {
+    const uint64_t n = w.written + w.failed;
+    return n == 0 ? -1.0 : w.write_cpu_ms / static_cast<double>(n);
+  };
+  if (disk_writer_) cost_.observe_write(Tier::kDisk, mean(disk_writer_->stats()));
+  if (redis_writer_) cost_.observe_write(Tier::kRedis, mean(redis_writer_->stats()));
 }
 
 uint64_t KvCacheManager::version() const {
@@ -121,17 +149,57 @@ void KvCacheManager::seal(Sequence& s, bool final) {
   const std::vector<kv::IndexedBlock> added =
       index_->insert(s.req.ns, s.tokens, s.written, *s.table, final);
   if (!disk_writer_ && !redis_writer_) return;
+  cost_.observe_computed(added.size());
+  if (!added.empty()) measure_writes();
   const size_t bytes = pool_->geometry().bytes_per_block();
   const auto tokens = static_cast<uint32_t>(pool_->geometry().block_tokens);
   for (const kv::IndexedBlock& b : added) {
     const uint8_t* data = pool_->data(b.block);
-    if (disk_writer_ && !disk_->contains(b.hash) && store_in(Tier::kDisk, b.first_token)) {
+    uint8_t tag = 0;
+    if (disk_writer_ && !disk_->contains(b.hash) && store_in(Tier::kDisk, b.first_token, tag)) {
       disk_writer_->offer({s.req.ns, b.hash, tokens, std::vector<uint8_t>(data, data + bytes)});
     }
-    if (redis_writer_ && store_in(Tier::kRedis, b.first_token)) {
+    if (redis_writer_ && store_in(Tier::kRedis, b.first_token, tag)) {
       redis_writer_->offer({s.req.ns, b.hash, tokens, std::vector<uint8_t>(data, data + bytes)});
     }
+    index_->tag_block(b.block, tag);
   }
+}
+
+void KvCacheManager::note_returns(Sequence& s, std::span<const kv::Hash256> wanted, size_t in_tiers,
+                                  size_t first_token) {
+  // Blocks wanted again after they left the pool: those a tier holds, then those the ledger
+  // remembers as evicted (what a tier would have served had it stored them).
+  size_t returned = in_tiers;
+  while (returned < wanted.size() && index_->evicted(wanted[returned])) ++returned;
+  cost_.observe_returns(returned);
+  if (returned == in_tiers || !s.stats.tier_note.empty()) return;
+  // The chain stops at a block no tier held: say why it was not kept.
+  const auto gone = index_->evicted(wanted[in_tiers]);
+  const size_t bt = pool_->geometry().block_tokens;
+  const size_t depth = first_token + in_tiers * bt;
+  std::string why;
+  for (const Tier tier : {Tier::kDisk, Tier::kRedis}) {
+    if ((tier == Tier::kDisk && !disk_) || (tier == Tier::kRedis && !redis_)) continue;
+    const auto d = decision_in(gone->tag, tier);
+    std::string reason = "its write was lost or it was evicted from the tier";
+    if (!d) {
+      reason = "it was computed before this tier was in use";
+    } else if (*d == TierDecision::kDroppedCheap) {
+      reason = fmt::format("recomputing it ({:.3f} ms) is faster than loading it ({:.3f} ms)",
+                           cost_.recompute_ms(depth), cost_.load_ms(tier));
+    } else if (*d == TierDecision::kDroppedSeldomReused) {
+      reason = fmt::format(
+          "blocks were seldom wanted again after eviction ({:.2f} reads per block; a write "
+          "costs {:.3f} ms, a read saves {:.3f} ms)",
+          cost_.tier_reads_per_block(), cost_.write_ms(tier),
+          cost_.recompute_ms(depth) - cost_.load_ms(tier));
+    }
+    why += fmt::format("{}not kept in the {} tier: {}", why.empty() ? "" : "; ", tier_name(tier),
+                       reason);
+  }
+  s.stats.tier_note =
+      fmt::format("the block at token {} left the pool and was recomputed; {}", depth, why);
 }
 
 void KvCacheManager::load_from_tiers(Sequence& s) {
@@ -154,6 +222,7 @@ void KvCacheManager::load_from_tiers(Sequence& s) {
   if (redis_ && on_disk < wanted.size()) {
     in_redis = redis_->present_prefix(s.req.ns, std::span(wanted).subspan(on_disk));
   }
+  note_returns(s, wanted, on_disk + in_redis, first * bt);
   if (on_disk + in_redis == 0) return;
   // Load a tier's run only when that is faster than recomputing it; a run not loaded ends
   // the chain there.

@@ -156,8 +156,16 @@ class KvCacheManager : public kv::BlockSource {
   void load_from_tiers(Sequence& s);
   // The value of keeping a cached block in the pool (the cost model's eviction order).
   double block_value(const kv::BlockFacts& f) const;
-  // Whether the seal of a block at depth_tokens should store it in tier (and counts why).
-  bool store_in(Tier tier, size_t depth_tokens);
+  // Whether the seal of a block at depth_tokens should store it in tier; counts why and records
+  // it in tag (the block's note in the index).
+  bool store_in(Tier tier, size_t depth_tokens, uint8_t& tag);
+  // Passes the writers' measured processor time per block to the cost model.
+  void measure_writes();
+  // Counts the blocks of s's prompt wanted again after leaving the pool (wanted: the chained
+  // hashes after the in-pool prefix, which starts at first_token; in_tiers of them held by a
+  // tier) and, when the chain stops at a block no tier kept, says why in s's tier note.
+  void note_returns(Sequence& s, std::span<const kv::Hash256> wanted, size_t in_tiers,
+                    size_t first_token);
   // Pinned blocks ns may still add.
   size_t tenant_allowance(const kv::Hash256& ns) const;
 

@@ -84,6 +84,7 @@ struct PrefixIndex::Node {
   std::vector<std::pair<uint64_t, double>> pins;  // (lease, expiry) of the leases covering it
   bool in_lru = false;
   bool partial = false;
+  uint8_t tag = 0;  // the owner's note, kept in the ledger after eviction
 };
 
 struct PrefixIndex::Space {
@@ -380,7 +381,7 @@ PrefixIndex::Node* PrefixIndex::oldest_evictable(const Space* only, bool ignore_
 }
 
 void PrefixIndex::remove_leaf(Node* n, MissKind why) {
-  remember(n->hash, why);
+  remember(n->hash, why, n->tag);
   lru_remove(n);
   pool_.free_cached(n->block);
   node_of_block_[n->block] = nullptr;
@@ -463,10 +464,21 @@ void PrefixIndex::lru_remove(Node* n) {
   n->in_lru = false;
 }
 
-void PrefixIndex::remember(const Hash256& hash, MissKind kind) {
+void PrefixIndex::tag_block(BlockId block, uint8_t tag) {
+  const auto i = static_cast<size_t>(block);
+  if (i < node_of_block_.size() && node_of_block_[i] != nullptr) node_of_block_[i]->tag = tag;
+}
+
+std::optional<EvictedBlock> PrefixIndex::evicted(const Hash256& hash) const {
+  const auto it = ledger_.find(hash);
+  if (it == ledger_.end()) return std::nullopt;
+  return EvictedBlock{it->second.kind, it->second.at_ms, it->second.tag};
+}
+
+void PrefixIndex::remember(const Hash256& hash, MissKind kind, uint8_t tag) {
   if (options_.ledger_capacity == 0) return;
   const uint64_t stamp = ++ledger_stamp_;
-  ledger_.insert_or_assign(hash, LedgerEntry{kind, clock_(), stamp});
+  ledger_.insert_or_assign(hash, LedgerEntry{kind, clock_(), stamp, tag});
   ledger_order_.emplace_back(hash, stamp);
   // An order entry whose hash was re-inserted or re-remembered since is stale: expiring it
   // must not drop the newer record.

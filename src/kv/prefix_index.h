@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -71,6 +72,13 @@ struct IndexedBlock {
 struct PinLease {
   uint64_t id = 0;    // 0: nothing was pinned
   size_t tokens = 0;  // tokens of the prefix whose blocks the lease covers
+};
+
+// A block that left the cache, as the ledger remembers it.
+struct EvictedBlock {
+  MissKind kind = MissKind::kEvicted;  // kEvicted, or kQuota when the namespace refused it
+  double at_ms = 0;
+  uint8_t tag = 0;  // the note its owner attached while it was cached
 };
 
 // What the index knows of a cached block, for a policy that values blocks.
@@ -156,6 +164,13 @@ class PrefixIndex : public BlockSource {
   // A free block, evicting the least recently used unpinned block when none is free.
   std::optional<BlockId> take_block() override;
 
+  // Attaches the owner's one-byte note to the cached block (ignored if it is not indexed);
+  // the note outlives the block in the ledger of evicted blocks.
+  void tag_block(BlockId block, uint8_t tag);
+  // What the ledger remembers of the block with this chained hash: why and when it left the
+  // cache and its note; nullopt if it is cached, never was, or has been forgotten.
+  std::optional<EvictedBlock> evicted(const Hash256& hash) const;
+
   PrefixIndexStats stats() const;
   NamespaceStats namespace_stats(const Hash256& ns) const;
   // Approximate bytes of index bookkeeping (nodes, keys, maps), not of KV data.
@@ -176,6 +191,7 @@ class PrefixIndex : public BlockSource {
     MissKind kind;
     double at_ms;
     uint64_t stamp;  // matches the ledger_order_ entry that may expire it
+    uint8_t tag;
   };
 
   Walk walk(const Hash256& ns, std::span<const int32_t> tokens, size_t limit) const;
@@ -196,7 +212,7 @@ class PrefixIndex : public BlockSource {
   void touch(Node* n);
   void lru_add(Node* n);
   void lru_remove(Node* n);
-  void remember(const Hash256& hash, MissKind kind);
+  void remember(const Hash256& hash, MissKind kind, uint8_t tag = 0);
   bool pinned(const Node& n) const;
   // Drops a namespace that holds no blocks and has no quota (its stats go with it).
   void drop_if_empty(const Space* sp);

@@ -2,7 +2,9 @@
 // block and returns at once; one background thread performs the writes in order.
 //
 // The queue is bounded in bytes: when the tier cannot keep up, new offers are dropped and
-// counted (a block not stored is recomputed later, never waited for).
+// counted (a block not stored is recomputed later, never waited for). The writer thread runs
+// at a lower priority than the process (nice + 10) and measures the processor time of each
+// write, so that a policy can weigh what storing costs the forward pass.
 //
 // Thread-safety: offer, drain and stats may be called from any thread.
 #pragma once
@@ -28,8 +30,9 @@ struct TierWrite {
 struct TierWriteStats {
   uint64_t offered = 0;
   uint64_t written = 0;
-  uint64_t failed = 0;   // the write function returned false
-  uint64_t dropped = 0;  // refused because the queue was full
+  uint64_t failed = 0;      // the write function returned false
+  uint64_t dropped = 0;     // refused because the queue was full
+  double write_cpu_ms = 0;  // processor time the writes (written and failed) took
   size_t queued = 0;
   uint64_t queued_bytes = 0;
 };

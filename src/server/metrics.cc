@@ -200,7 +200,8 @@ std::string render_metrics(const engine::Engine& engine, const std::string& mode
     }
     p.family("kvcache_tier_decisions_total", "counter",
              "The cost model's decisions per tier: blocks stored, dropped because recomputing "
-             "is faster than loading, hits loaded, hits recomputed because that was faster.");
+             "is faster than loading, dropped because blocks are seldom wanted again after "
+             "eviction, hits loaded, hits recomputed because that was faster.");
     for (size_t i = 0; i < engine::kTierCount; ++i) {
       const auto tier = static_cast<engine::Tier>(i);
       if (tier == engine::Tier::kDisk ? !t.disk : !t.redis) continue;
@@ -214,16 +215,24 @@ std::string render_metrics(const engine::Engine& engine, const std::string& mode
     }
     p.family("kvcache_tier_cost_ms", "gauge",
              "The cost model's current figures: milliseconds to load a block from each tier, "
-             "and to recompute a block at a depth (tokens before it).");
-    if (t.disk)
-      p.sample("kvcache_tier_cost_ms", {{"op", "load"}, {"tier", "disk"}}, t.cost.load_ms[0]);
-    if (t.redis)
-      p.sample("kvcache_tier_cost_ms", {{"op", "load"}, {"tier", "redis"}}, t.cost.load_ms[1]);
+             "processor milliseconds to write one, and to recompute a block at a depth (tokens "
+             "before it).");
+    for (size_t i = 0; i < engine::kTierCount; ++i) {
+      const auto tier = static_cast<engine::Tier>(i);
+      if (tier == engine::Tier::kDisk ? !t.disk : !t.redis) continue;
+      const std::string name(engine::tier_name(tier));
+      p.sample("kvcache_tier_cost_ms", {{"op", "load"}, {"tier", name}}, t.cost.load_ms[i]);
+      p.sample("kvcache_tier_cost_ms", {{"op", "write"}, {"tier", name}}, t.cost.write_ms[i]);
+    }
     for (const double depth : {0.0, 1024.0, 4096.0}) {
       const double b = static_cast<double>(t.block_tokens);
       p.sample("kvcache_tier_cost_ms", {{"op", "recompute"}, {"depth", fmt::format("{}", depth)}},
                t.cost.token_ms * b + t.cost.depth_ms * (b * depth + b * (b - 1) / 2));
     }
+    p.family("kvcache_tier_reads_per_block", "gauge",
+             "The cost model's estimate of how often a block is wanted again after it leaves "
+             "the pool (recent blocks weigh most).");
+    p.sample("kvcache_tier_reads_per_block", {}, t.cost.tier_reads_per_block);
     if (t.disk) {
       p.histogram("kvcache_tier_disk_load_seconds", "Time to load one block from the disk tier.",
                   t.load_ms[0], 1e-3);

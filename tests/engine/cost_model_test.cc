@@ -57,6 +57,69 @@ TEST(CostModel, LoadsAreMeasuredAndDecideStoreOrDrop) {
   EXPECT_EQ(m.snapshot().loads[static_cast<size_t>(Tier::kRedis)], 2u);
 }
 
+// A model where a block of 10 tokens at depth 0 recomputes in 0.5 ms (0.509).
+CostModel fitted(std::array<double, kTierCount> load_prior_ms) {
+  CostModel m(10, load_prior_ms);
+  for (int i = 0; i < 30; ++i) {
+    const size_t tokens = 5 + static_cast<size_t>(i % 4) * 5;
+    const double first = (i * 53) % 2000;
+    double sum = 0;
+    for (size_t t = 0; t < tokens; ++t) sum += first + static_cast<double>(t);
+    m.observe_pass(tokens, sum, 0.05 * static_cast<double>(tokens) + 0.0002 * sum);
+  }
+  return m;
+}
+
+// Blocks are stored while the workload comes back for them, and dropped (with their own
+// reason) once the workload has shown it does not: the expected reads no longer repay a write.
+TEST(CostModel, BlocksNeverWantedAgainStopBeingStored) {
+  CostModel m = fitted({0.1, 0.1});
+  EXPECT_NEAR(m.recompute_ms(0), 0.509, 1e-6);
+  m.observe_write(Tier::kDisk, 0.1);
+  // Prior: one read per two blocks; 0.5 * (0.5 - 0.1) = 0.2 ms > 0.1 ms write: store.
+  EXPECT_NEAR(m.tier_reads_per_block(), 0.5, 1e-12);
+  EXPECT_EQ(m.store_decision(Tier::kDisk, 0), TierDecision::kStored);
+  for (int i = 0; i < 40; ++i) m.observe_computed(1);  // 40 blocks, none wanted again
+  EXPECT_LT(m.tier_reads_per_block(), 0.25);
+  EXPECT_EQ(m.store_decision(Tier::kDisk, 0), TierDecision::kDroppedSeldomReused);
+  // Deep blocks save more per read, so they are worth storing at a lower reuse.
+  EXPECT_EQ(m.store_decision(Tier::kDisk, 1500), TierDecision::kStored);
+  // The workload comes back: every block computed is wanted again once.
+  for (int i = 0; i < 40; ++i) {
+    m.observe_computed(1);
+    m.observe_returns(1);
+  }
+  EXPECT_GT(m.tier_reads_per_block(), 0.4);
+  EXPECT_EQ(m.store_decision(Tier::kDisk, 0), TierDecision::kStored);
+  // A dearer write (measured) needs more reads.
+  m.observe_write(Tier::kDisk, 5.0);
+  EXPECT_DOUBLE_EQ(m.write_ms(Tier::kDisk), 5.0);
+  EXPECT_EQ(m.store_decision(Tier::kDisk, 0), TierDecision::kDroppedSeldomReused);
+  m.observe_write(Tier::kDisk, -1);  // no measurement: unchanged
+  EXPECT_DOUBLE_EQ(m.write_ms(Tier::kDisk), 5.0);
+  // Recompute cheaper than a load is the first reason, whatever the reuse.
+  m.observe_load(Tier::kRedis, 3.0);
+  EXPECT_EQ(m.store_decision(Tier::kRedis, 0), TierDecision::kDroppedCheap);
+  EXPECT_EQ(tier_decision_name(TierDecision::kDroppedSeldomReused), "dropped_seldom_reused");
+  EXPECT_DOUBLE_EQ(m.snapshot().tier_reads_per_block, m.tier_reads_per_block());
+}
+
+// Reuse is a recent estimate: what the workload did a few thousand blocks ago is forgotten.
+TEST(CostModel, ReuseEstimateForgetsOldWorkloads) {
+  CostModel m = fitted({0.1, 0.1});
+  for (int i = 0; i < 500; ++i) {
+    m.observe_computed(1);
+    m.observe_returns(2);
+  }
+  EXPECT_GT(m.tier_reads_per_block(), 1.5);
+  m.observe_computed(5000);  // a long run of blocks never wanted again
+  EXPECT_LT(m.tier_reads_per_block(), 0.01);
+  // Before any pass is measured, recompute is unknown and every block is stored.
+  CostModel blind(10, {0.1, 0.1});
+  blind.observe_computed(5000);
+  EXPECT_EQ(blind.store_decision(Tier::kDisk, 0), TierDecision::kStored);
+}
+
 TEST(CostModel, ValueGrowsWithReuseAndFallsWithIdleness) {
   kv::BlockFacts often{.hits = 10, .age_ms = 10'000, .idle_ms = 100};
   kv::BlockFacts once{.hits = 0, .age_ms = 10'000, .idle_ms = 100};

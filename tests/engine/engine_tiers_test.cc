@@ -296,7 +296,8 @@ TEST(EngineTiers, TheCostModelsDecisionsAddUpAndNeverChangeAnAnswer) {
   const TierCounts first = e.stats().tiers;
   // Prompts of 40..130 tokens and 5 written outputs: 2+4+6+8 = 20 full blocks sealed.
   for (const Tier tier : {Tier::kDisk, Tier::kRedis}) {
-    EXPECT_EQ(n(first, tier, TierDecision::kStored) + n(first, tier, TierDecision::kDroppedCheap),
+    EXPECT_EQ(n(first, tier, TierDecision::kStored) + n(first, tier, TierDecision::kDroppedCheap) +
+                  n(first, tier, TierDecision::kDroppedSeldomReused),
               20u)
         << tier_name(tier);
   }
@@ -305,7 +306,8 @@ TEST(EngineTiers, TheCostModelsDecisionsAddUpAndNeverChangeAnAnswer) {
     const Completion again = complete(e, recorded(p, ns));
     EXPECT_EQ(again.logits, cold_run(m, p).logits);
     if (!again.stats.tier_note.empty()) {
-      EXPECT_THAT(again.stats.tier_note, ::testing::HasSubstr("ms to recompute"));
+      EXPECT_THAT(again.stats.tier_note, ::testing::AnyOf(::testing::HasSubstr("ms to recompute"),
+                                                          ::testing::HasSubstr("left the pool")));
     }
   }
   e.drain_tiers();
@@ -322,6 +324,54 @@ TEST(EngineTiers, TheCostModelsDecisionsAddUpAndNeverChangeAnAnswer) {
       static_cast<unsigned long long>(n(t, Tier::kDisk, TierDecision::kDroppedCheap)),
       static_cast<unsigned long long>(n(t, Tier::kRedis, TierDecision::kStored)),
       static_cast<unsigned long long>(n(t, Tier::kRedis, TierDecision::kDroppedCheap)));
+}
+
+// The reuse the cost model weighs is the workload's: prompts never seen again lower the expected
+// reads per block, prompts that come back after their blocks left the pool raise it, and a
+// returning prompt whose blocks no tier kept is told why, in the terms of the decision counted.
+TEST(EngineTiers, ReuseIsLearntFromTheWorkloadAndAMissSaysWhyNoTierKeptTheBlock) {
+  Loaded m(model_path());
+  EngineOptions o = tiered(tier_dir("reuse"));
+  o.kv_tiers.policy = TierPolicy::kCostModel;
+  Engine e(*m.model, *m.tokenizer, o);
+  const kv::Hash256 ns = e.namespace_for("tenant", "");
+  const double prior = e.stats().tiers.cost.tier_reads_per_block;
+  EXPECT_DOUBLE_EQ(prior, 0.5);
+  std::vector<std::vector<int32_t>> prompts;
+  for (uint64_t i = 0; i < 12; ++i) prompts.push_back(prompt_of(m, 66, 300 + i));
+  for (const auto& p : prompts) complete(e, recorded(p, ns));  // none comes back
+  const double unique = e.stats().tiers.cost.tier_reads_per_block;
+  EXPECT_LT(unique, prior / 2);
+  e.drain_tiers();
+  e.flush_cache();  // every block leaves the pool
+  size_t notes = 0;
+  for (const auto& p : prompts) {
+    const Completion again = complete(e, recorded(p, ns));
+    EXPECT_EQ(again.logits, cold_run(m, p).logits);
+    if (again.stats.disk_tokens > 0) continue;  // the disk tier kept its first block
+    ++notes;
+    // Either the tier holds it and recomputing was faster, or the tier never kept it.
+    EXPECT_THAT(again.stats.tier_note,
+                ::testing::AnyOf(::testing::HasSubstr("held by the disk tier"),
+                                 ::testing::StartsWith("the block at token 0 left the pool and was "
+                                                       "recomputed; not kept in the disk tier: ")));
+  }
+  const TierCounts t = e.stats().tiers;
+  EXPECT_GT(t.cost.tier_reads_per_block, unique);  // 12 prompts came back
+  const auto n = [&](TierDecision d) {
+    return t.decisions[static_cast<size_t>(Tier::kDisk)][static_cast<size_t>(d)];
+  };
+  EXPECT_EQ(t.disk_writes.offered, n(TierDecision::kStored));  // only stored blocks are written
+  if (notes > 0) {
+    EXPECT_GT(n(TierDecision::kDroppedCheap) + n(TierDecision::kDroppedSeldomReused), 0u);
+  }
+  std::printf(
+      "[ measured ] reads per block: prior %.3f, after unique prompts %.3f, after returns %.3f; "
+      "disk stored %llu, dropped cheap %llu, dropped seldom reused %llu; %zu misses explained\n",
+      prior, unique, t.cost.tier_reads_per_block,
+      static_cast<unsigned long long>(n(TierDecision::kStored)),
+      static_cast<unsigned long long>(n(TierDecision::kDroppedCheap)),
+      static_cast<unsigned long long>(n(TierDecision::kDroppedSeldomReused)), notes);
 }
 
 }  // namespace

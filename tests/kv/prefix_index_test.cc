@@ -125,6 +125,34 @@ TEST(PrefixIndex, EvictedSaysWhen) {
   EXPECT_EQ(m.miss.to_string(f.now), "evicted@2.5s-ago");
 }
 
+// A block's owner note outlives the block: the ledger of evicted blocks returns it with the
+// reason, and a block still cached (or never seen) is not in the ledger.
+TEST(PrefixIndex, TheLedgerKeepsAnEvictedBlocksTag) {
+  Fixture f(4);
+  const std::vector<int32_t> first = iota(8);
+  BlockTable t(f.pool, &f.index);
+  const PrefixMatch m = f.index.match(f.ns_a, first, first.size() - 1, t);
+  EXPECT_EQ(m.cached_tokens, 0u);
+  ASSERT_TRUE(t.reserve(first.size()));
+  for (size_t p = 0; p < first.size(); ++p) ASSERT_TRUE(t.ensure_writable(p));
+  const std::vector<IndexedBlock> added = f.index.insert(f.ns_a, first, first.size(), t, true);
+  ASSERT_EQ(added.size(), 2u);
+  f.index.tag_block(added[0].block, 0x21);
+  f.index.tag_block(added[1].block, 0x03);
+  EXPECT_FALSE(f.index.evicted(added[0].hash));  // still cached
+  t = BlockTable(f.pool, &f.index);
+  f.now += 1000;
+  f.run(f.ns_a, iota(16, 200));  // needs all 4 blocks: both earlier ones are evicted
+  for (size_t i = 0; i < added.size(); ++i) {
+    const std::optional<EvictedBlock> gone = f.index.evicted(added[i].hash);
+    ASSERT_TRUE(gone) << i;
+    EXPECT_EQ(gone->kind, MissKind::kEvicted);
+    EXPECT_EQ(gone->tag, i == 0 ? 0x21 : 0x03);
+    EXPECT_DOUBLE_EQ(gone->at_ms, f.now);
+  }
+  EXPECT_FALSE(f.index.evicted(Hash256{}));  // never seen
+}
+
 TEST(PrefixIndex, PartialBlockWhenCopyingIsOff) {
   PrefixIndexOptions o;
   o.partial_reuse = false;

@@ -60,8 +60,13 @@ TEST(HttpTiers, ASecondInstanceAnswersFromRedisWithTheSameText) {
   EXPECT_EQ(prom_value(families, "kvcache_tier_decisions_total",
                        {{"tier", "redis"}, {"decision", "dropped_recompute_cheaper"}}),
             0);
+  EXPECT_EQ(prom_value(families, "kvcache_tier_decisions_total",
+                       {{"tier", "redis"}, {"decision", "dropped_seldom_reused"}}),
+            0);
   EXPECT_EQ(prom_value(families, "kvcache_tier_redis_load_seconds_count", {}), 4);
   EXPECT_GT(prom_value(families, "kvcache_tier_cost_ms", {{"op", "load"}, {"tier", "redis"}}), 0);
+  EXPECT_GT(prom_value(families, "kvcache_tier_cost_ms", {{"op", "write"}, {"tier", "redis"}}), 0);
+  EXPECT_GT(prom_value(families, "kvcache_tier_reads_per_block", {}), 0);
   EXPECT_GE(prom_value(families, "kvcache_tier_cost_ms", {{"op", "recompute"}, {"depth", "4096"}}),
             prom_value(families, "kvcache_tier_cost_ms", {{"op", "recompute"}, {"depth", "0"}}));
 
