@@ -215,22 +215,35 @@ void run_tier_bench(const TierBenchOptions& o, std::ostream& out) {
       e.flush_tiers();
       results[p] = r;
       const auto& d = r.tiers.decisions[static_cast<size_t>(engine::Tier::kDisk)];
-      const uint64_t stored = d[static_cast<size_t>(engine::TierDecision::kStored)];
+      // Blocks written (when computed, or when evicted after a reuse) and never written.
+      const uint64_t late = d[static_cast<size_t>(engine::TierDecision::kStoredWhenEvicted)];
+      const uint64_t stored = d[static_cast<size_t>(engine::TierDecision::kStored)] + late;
       const uint64_t dropped = d[static_cast<size_t>(engine::TierDecision::kDroppedCheap)] +
-                               d[static_cast<size_t>(engine::TierDecision::kDroppedSeldomReused)];
+                               d[static_cast<size_t>(engine::TierDecision::kDroppedSeldomReused)] -
+                               late;
       const double hit = 100.0 * r.cached_tokens / std::max<uint64_t>(1, r.prompt_tokens);
       const double disk = 100.0 * r.disk_tokens / std::max<uint64_t>(1, r.prompt_tokens);
       if (o.json) {
-        json_rows.push_back({{"workload", name},
-                             {"policy", policy_name(p)},
-                             {"requests", w.requests.size()},
-                             {"ttft_p50_ms", r.ttft_p50},
-                             {"ttft_p99_ms", r.ttft_p99},
-                             {"hit_fraction", hit / 100},
-                             {"disk_fraction", disk / 100},
-                             {"stored_blocks", stored},
-                             {"dropped_blocks", dropped},
-                             {"seconds", r.seconds}});
+        json_rows.push_back(
+            {{"workload", name},
+             {"policy", policy_name(p)},
+             {"requests", w.requests.size()},
+             {"ttft_p50_ms", r.ttft_p50},
+             {"ttft_p99_ms", r.ttft_p99},
+             {"hit_fraction", hit / 100},
+             {"disk_fraction", disk / 100},
+             {"stored_blocks", stored},
+             {"dropped_blocks", dropped},
+             {"writes_lost", r.tiers.disk_writes.dropped},
+             {"reads_per_block", r.tiers.cost.tier_reads_per_block},
+             {"write_ms", r.tiers.cost.write_ms[0]},
+             {"load_ms", r.tiers.cost.load_ms[0]},
+             {"recompute_ms_depth0",
+              r.tiers.cost.token_ms * r.tiers.block_tokens +
+                  r.tiers.cost.depth_ms * r.tiers.block_tokens * (r.tiers.block_tokens - 1) / 2},
+             {"recomputed_faster_blocks",
+              d[static_cast<size_t>(engine::TierDecision::kRecomputedFaster)]},
+             {"seconds", r.seconds}});
       } else {
         out << fmt::format("{:<14} {:<9} {:>9} {:>12.2f} {:>12.2f} {:>9.1f} {:>9.1f} {:>8} {:>8}\n",
                            name, policy_name(p), w.requests.size(), r.ttft_p50, r.ttft_p99, hit,

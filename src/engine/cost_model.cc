@@ -60,6 +60,8 @@ std::string_view tier_decision_name(TierDecision d) {
       return "recomputed_faster";
     case TierDecision::kDroppedSeldomReused:
       return "dropped_seldom_reused";
+    case TierDecision::kStoredWhenEvicted:
+      return "stored_when_evicted";
   }
   return "unknown";
 }
@@ -77,7 +79,7 @@ void CostModel::observe_computed(size_t blocks) {
   returned_weight_ *= keep;
 }
 
-void CostModel::observe_returns(size_t blocks) {
+void CostModel::observe_reuse(size_t blocks) {
   returned_weight_ += static_cast<double>(blocks);
 }
 
@@ -95,6 +97,10 @@ TierDecision CostModel::store_decision(Tier tier, size_t depth_tokens) const {
   if (std::isinf(saving)) return TierDecision::kStored;  // recompute not measured yet
   return tier_reads_per_block() * saving > write_ms(tier) ? TierDecision::kStored
                                                           : TierDecision::kDroppedSeldomReused;
+}
+
+bool CostModel::store_when_evicted(Tier tier, size_t depth_tokens) const {
+  return recompute_ms(depth_tokens) - load_ms(tier) > write_ms(tier);
 }
 
 void CostModel::observe_pass(size_t tokens, double position_sum, double ms) {

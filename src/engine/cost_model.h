@@ -6,12 +6,15 @@
 //
 // Reuse: a block is worth writing to a tier only if it will be read back from there, that is,
 // if it is wanted again after it has left the pool. The model counts the blocks the engine
-// computes and the blocks requests want again after the pool evicted them (known from the
-// index's ledger of evicted blocks, whether or not a tier held them, so the estimate is learnt
-// even while nothing is stored); their ratio is the expected number of tier reads per block
-// written. A block is stored when that many reads times what each saves (recompute minus
-// load) exceeds the processor time its write takes (the writer shares the cores with the
-// forward pass).
+// computes and the blocks requests want again: found in the pool, or after the pool evicted
+// them (known from the index's ledger of evicted blocks, whether or not a tier held them, so
+// the estimate is learnt even while nothing is stored). Their ratio estimates the reads per
+// block written: an upper bound while the pool still holds the working set, which costs
+// writes only, never a hit. A block is stored when that many reads times what each saves
+// (recompute minus load) exceeds the processor time its write takes (the writer shares the
+// cores with the forward pass). A block dropped that way but then reused in the pool has
+// shown that it is wanted again: when the pool evicts it, it is written if one read repays
+// the write.
 //
 // Recompute: a prefill pass of T new tokens at positions p costs about c + a*T + b*sum(p)
 // milliseconds (weights are read once per pass; attention grows with the context before each
@@ -44,8 +47,9 @@ enum class TierDecision : uint8_t {
   kLoaded,               // a hit in the tier, loaded into the pool
   kRecomputedFaster,     // a hit in the tier, recomputed because that was faster
   kDroppedSeldomReused,  // not written: blocks are seldom wanted again after eviction
+  kStoredWhenEvicted,    // dropped when computed, written when it left the pool after a hit
 };
-inline constexpr size_t kTierDecisionCount = 5;
+inline constexpr size_t kTierDecisionCount = 6;
 std::string_view tier_decision_name(TierDecision d);
 
 // How blocks move between the pool and the tiers.
@@ -76,16 +80,20 @@ class CostModel {
 
   // blocks newly computed and indexed (each a candidate for the tiers).
   void observe_computed(size_t blocks);
-  // blocks a request wanted after they had left the pool (a tier copy would serve them).
-  void observe_returns(size_t blocks);
+  // blocks a request wanted again (in the pool, or after they had left it).
+  void observe_reuse(size_t blocks);
   // Mean processor time of one block write to tier, as measured by its writer.
   void observe_write(Tier tier, double cpu_ms);
-  // Expected reads from a lower tier per block computed (a decayed ratio with a prior).
+  // Blocks wanted again per block computed: the expected reads from a lower tier of a block
+  // written there (a decayed ratio with a prior).
   double tier_reads_per_block() const;
   double write_ms(Tier tier) const { return write_ms_[static_cast<size_t>(tier)]; }
   // Whether to write the block at depth_tokens to tier: kStored, kDroppedCheap (a load would
   // not beat recompute) or kDroppedSeldomReused (expected reads do not repay the write).
   TierDecision store_decision(Tier tier, size_t depth_tokens) const;
+  // Whether a block dropped when computed, hit in the pool since and now leaving it, is worth
+  // writing to tier: one read must repay the write.
+  bool store_when_evicted(Tier tier, size_t depth_tokens) const;
 
   // Milliseconds to recompute the block that starts at depth_tokens.
   double recompute_ms(size_t depth_tokens) const;

@@ -25,6 +25,7 @@ KvCacheManager::KvCacheManager(const kv::KvGeometry& geometry, uint64_t memory_b
   io.partial_reuse = options_.partial_reuse;
   if (tiered && t.policy == TierPolicy::kCostModel) {
     io.block_value = [this](const kv::BlockFacts& f) { return block_value(f); };
+    io.on_evict = [this](const kv::LeavingBlock& b) { return on_evict(b); };
   }
   index_ = std::make_unique<kv::PrefixIndex>(*pool_, io, std::move(clock));
   tenant_cap_ = options_.tenant_pinned_max_blocks > 0
@@ -151,28 +152,50 @@ void KvCacheManager::seal(Sequence& s, bool final) {
   if (!disk_writer_ && !redis_writer_) return;
   cost_.observe_computed(added.size());
   if (!added.empty()) measure_writes();
-  const size_t bytes = pool_->geometry().bytes_per_block();
-  const auto tokens = static_cast<uint32_t>(pool_->geometry().block_tokens);
   for (const kv::IndexedBlock& b : added) {
-    const uint8_t* data = pool_->data(b.block);
     uint8_t tag = 0;
-    if (disk_writer_ && !disk_->contains(b.hash) && store_in(Tier::kDisk, b.first_token, tag)) {
-      disk_writer_->offer({s.req.ns, b.hash, tokens, std::vector<uint8_t>(data, data + bytes)});
+    if (disk_writer_ && !disk_->contains(b.hash) && !disk_writer_->holds(b.hash) &&
+        store_in(Tier::kDisk, b.first_token, tag)) {
+      offer_write(Tier::kDisk, s.req.ns, b.hash, b.block);
     }
     if (redis_writer_ && store_in(Tier::kRedis, b.first_token, tag)) {
-      redis_writer_->offer({s.req.ns, b.hash, tokens, std::vector<uint8_t>(data, data + bytes)});
+      offer_write(Tier::kRedis, s.req.ns, b.hash, b.block);
     }
     index_->tag_block(b.block, tag);
   }
 }
 
+void KvCacheManager::offer_write(Tier tier, const kv::Hash256& ns, const kv::Hash256& hash,
+                                 kv::BlockId block) {
+  const uint8_t* data = pool_->data(block);
+  kv::TierWrite w{ns, hash, static_cast<uint32_t>(pool_->geometry().block_tokens),
+                  std::vector<uint8_t>(data, data + pool_->geometry().bytes_per_block())};
+  (tier == Tier::kDisk ? disk_writer_ : redis_writer_)->offer(std::move(w));
+}
+
+uint8_t KvCacheManager::on_evict(const kv::LeavingBlock& b) {
+  if (b.facts.hits == 0) return b.tag;
+  uint8_t tag = b.tag;
+  for (const Tier tier : {Tier::kDisk, Tier::kRedis}) {
+    const bool writer = tier == Tier::kDisk ? disk_writer_ != nullptr : redis_writer_ != nullptr;
+    if (!writer || decision_in(tag, tier) != TierDecision::kDroppedSeldomReused) continue;
+    if (tier == Tier::kDisk && (disk_->contains(b.facts.hash) || disk_writer_->holds(b.facts.hash)))
+      continue;
+    if (!cost_.store_when_evicted(tier, b.facts.depth_tokens)) continue;
+    cost_.count(tier, TierDecision::kStoredWhenEvicted);
+    tag = with_decision(tag, tier, TierDecision::kStoredWhenEvicted);
+    offer_write(tier, b.ns, b.facts.hash, b.block);
+  }
+  return tag;
+}
+
 void KvCacheManager::note_returns(Sequence& s, std::span<const kv::Hash256> wanted, size_t in_tiers,
                                   size_t first_token) {
-  // Blocks wanted again after they left the pool: those a tier holds, then those the ledger
-  // remembers as evicted (what a tier would have served had it stored them).
+  // Blocks wanted again: the prefix found in the pool, then, after it, those a tier holds and
+  // those the ledger remembers as evicted (what a tier would have served had it stored them).
   size_t returned = in_tiers;
   while (returned < wanted.size() && index_->evicted(wanted[returned])) ++returned;
-  cost_.observe_returns(returned);
+  cost_.observe_reuse(first_token / pool_->geometry().block_tokens + returned);
   if (returned == in_tiers || !s.stats.tier_note.empty()) return;
   // The chain stops at a block no tier held: say why it was not kept.
   const auto gone = index_->evicted(wanted[in_tiers]);
@@ -215,12 +238,23 @@ void KvCacheManager::load_from_tiers(Sequence& s) {
     parent = kv::chain_hash(s.req.ns, parent, tokens.subspan(b * bt, bt));
     if (b >= first) wanted.push_back(parent);
   }
-  // Where each comes from: the disk's unbroken run first, then Redis's for the rest.
+  // Where each comes from: the disk's unbroken run first, then Redis's for the rest; a block
+  // still waiting in a tier's write queue counts as held there.
   size_t on_disk = 0;
-  while (disk_ && on_disk < wanted.size() && disk_->contains(wanted[on_disk])) ++on_disk;
+  while (disk_ && on_disk < wanted.size() &&
+         (disk_->contains(wanted[on_disk]) || disk_writer_->holds(wanted[on_disk]))) {
+    ++on_disk;
+  }
   size_t in_redis = 0;
-  if (redis_ && on_disk < wanted.size()) {
-    in_redis = redis_->present_prefix(s.req.ns, std::span(wanted).subspan(on_disk));
+  while (redis_ && on_disk + in_redis < wanted.size()) {
+    const size_t at = on_disk + in_redis;
+    if (redis_writer_->holds(wanted[at])) {
+      ++in_redis;
+      continue;
+    }
+    const size_t present = redis_->present_prefix(s.req.ns, std::span(wanted).subspan(at));
+    if (present == 0) break;
+    in_redis += present;
   }
   note_returns(s, wanted, on_disk + in_redis, first * bt);
   if (on_disk + in_redis == 0) return;
@@ -262,27 +296,37 @@ void KvCacheManager::load_from_tiers(Sequence& s) {
     const kv::Hash256& hash = wanted[loaded];
     const Tier tier = loaded < on_disk ? Tier::kDisk : Tier::kRedis;
     const auto start = std::chrono::steady_clock::now();
-    const bool ok =
-        tier == Tier::kDisk ? disk_->get(s.req.ns, hash, out) : redis_->get(s.req.ns, hash, out);
+    const kv::TierWriteQueue& queue = tier == Tier::kDisk ? *disk_writer_ : *redis_writer_;
+    const bool queued = queue.read(s.req.ns, hash, out);
+    const bool ok = queued || (tier == Tier::kDisk ? disk_->get(s.req.ns, hash, out)
+                                                   : redis_->get(s.req.ns, hash, out));
     if (!ok) break;
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    cost_.observe_load(tier, ms);
-    load_ms_[static_cast<size_t>(tier)].observe(ms);
+    if (!queued) {  // a copy from the queue says nothing of the tier's speed
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
+      cost_.observe_load(tier, ms);
+      load_ms_[static_cast<size_t>(tier)].observe(ms);
+    }
     cost_.count(tier, TierDecision::kLoaded);
     if (tier == Tier::kDisk) {
       ++from_disk;
     } else {
       ++from_redis;
       // Kept on the local disk too, so the next hit does not cross the network.
-      if (disk_writer_) {
-        disk_writer_->offer({s.req.ns, hash, static_cast<uint32_t>(bt),
-                             std::vector<uint8_t>(out.begin(), out.end())});
-      }
+      if (disk_writer_) offer_write(Tier::kDisk, s.req.ns, hash, id);
     }
   }
   if (loaded > 0) {
     index_->insert(s.req.ns, s.tokens, (first + loaded) * bt, table, false);
+    // A loaded block is held by the tier it came from (and by the disk, once copied there).
+    for (size_t i = 0; i < loaded; ++i) {
+      uint8_t tag =
+          with_decision(0, i < on_disk ? Tier::kDisk : Tier::kRedis, TierDecision::kLoaded);
+      if (i >= on_disk && disk_writer_)
+        tag = with_decision(tag, Tier::kDisk, TierDecision::kLoaded);
+      index_->tag_block(table.blocks()[first + i], tag);
+    }
     disk_loaded_blocks_ += from_disk;
     redis_loaded_blocks_ += from_redis;
     s.stats.disk_tokens += from_disk * bt;

@@ -2,10 +2,12 @@
 // request's computed (cached) blocks, allocates with inline eviction (unpinned blocks, least
 // recently used first; then pinned and session-held ones, before any running request is
 // preempted), seals filled blocks into the index, and owns pins and sessions with their caps.
-// With lower tiers (disk, Redis), every full block it seals is also stored there behind the
-// step loop, and a request's lookup loads the blocks that follow its in-pool prefix from the
-// tiers, disk first, as far as they hold an unbroken chain (a warm restart, or another
-// instance on the same Redis, finds them again).
+// With lower tiers (disk, Redis), a full block it seals is also stored there behind the step
+// loop when the cost model expects it to be read back (all of them under keep-all), a block
+// dropped then but reused in the pool is stored when the pool evicts it, and a request's
+// lookup loads the blocks that follow its in-pool prefix from the tiers, disk first, as far as
+// they hold an unbroken chain (a warm restart, or another instance on the same Redis, finds
+// them again).
 //
 // Thread-safety: none. The engine calls it from its step thread and from cache operations, all
 // under the engine's state mutex.
@@ -159,11 +161,17 @@ class KvCacheManager : public kv::BlockSource {
   // Whether the seal of a block at depth_tokens should store it in tier; counts why and records
   // it in tag (the block's note in the index).
   bool store_in(Tier tier, size_t depth_tokens, uint8_t& tag);
+  // The pool is evicting a block: stores it in the tiers that dropped it when it was computed if
+  // it has been reused since (and a read repays a write); returns its updated tag.
+  uint8_t on_evict(const kv::LeavingBlock& b);
+  // Copies pool block `block` into tier's write queue.
+  void offer_write(Tier tier, const kv::Hash256& ns, const kv::Hash256& hash, kv::BlockId block);
   // Passes the writers' measured processor time per block to the cost model.
   void measure_writes();
-  // Counts the blocks of s's prompt wanted again after leaving the pool (wanted: the chained
-  // hashes after the in-pool prefix, which starts at first_token; in_tiers of them held by a
-  // tier) and, when the chain stops at a block no tier kept, says why in s's tier note.
+  // Counts the blocks of s's prompt wanted again (the in-pool prefix, first_token tokens long,
+  // then those that left the pool; wanted: the chained hashes after that prefix, in_tiers of
+  // them held by a tier) and, when the chain stops at a block no tier kept, says why in s's
+  // tier note.
   void note_returns(Sequence& s, std::span<const kv::Hash256> wanted, size_t in_tiers,
                     size_t first_token);
   // Pinned blocks ns may still add.

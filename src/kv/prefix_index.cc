@@ -393,22 +393,25 @@ void PrefixIndex::remove_leaf(Node* n, MissKind why) {
   if (parent->children.empty() && parent->parent != nullptr) lru_add(parent);
 }
 
+BlockFacts PrefixIndex::facts_of(const Node& n, double now) const {
+  BlockFacts f;
+  f.hash = n.hash;
+  f.depth_tokens = (n.depth - 1) * static_cast<size_t>(pool_.geometry().block_tokens);
+  f.hits = n.hits;
+  f.age_ms = now - n.created_ms;
+  f.idle_ms = now - n.used_ms;
+  return f;
+}
+
 PrefixIndex::Node* PrefixIndex::victim(bool ignore_pins) const {
   if (!options_.block_value) return oldest_evictable(nullptr, ignore_pins);
   Node* best = nullptr;
   double best_value = 0;
   size_t seen = 0;
   const double now = clock_();
-  const auto bt = static_cast<size_t>(pool_.geometry().block_tokens);
   for (const auto& [access, n] : lru_) {
     if (!evictable(*n, ignore_pins)) continue;
-    BlockFacts f;
-    f.hash = n->hash;
-    f.depth_tokens = (n->depth - 1) * bt;
-    f.hits = n->hits;
-    f.age_ms = now - n->created_ms;
-    f.idle_ms = now - n->used_ms;
-    const double v = options_.block_value(f);
+    const double v = options_.block_value(facts_of(*n, now));
     if (best == nullptr || v < best_value) {
       best = n;
       best_value = v;
@@ -424,6 +427,10 @@ size_t PrefixIndex::evict(size_t n, bool ignore_pins) {
     Node* victim = this->victim(ignore_pins);
     if (victim == nullptr) break;
     const Space* sp = victim->space;
+    if (options_.on_evict) {
+      victim->tag =
+          options_.on_evict({sp->ns, victim->block, facts_of(*victim, clock_()), victim->tag});
+    }
     remove_leaf(victim, MissKind::kEvicted);
     drop_if_empty(sp);
     ++done;

@@ -90,6 +90,14 @@ struct BlockFacts {
   double idle_ms = 0;       // since it was last used
 };
 
+// A cached block the pool is about to reuse for something else, still holding its data.
+struct LeavingBlock {
+  Hash256 ns{};
+  BlockId block = 0;
+  BlockFacts facts;
+  uint8_t tag = 0;  // its owner's note
+};
+
 struct PrefixIndexOptions {
   bool enabled = true;
   bool partial_reuse = true;  // copy the matching part of a partly matching cached block
@@ -98,6 +106,9 @@ struct PrefixIndexOptions {
   // used evictable ones (a sampled policy, as Redis approximates LRU), instead of the oldest.
   std::function<double(const BlockFacts&)> block_value{};
   size_t value_sample = 8;
+  // When set, called for each block evicted to make room (not for flushes), while its data is
+  // still in the pool; returns the note the ledger keeps for it.
+  std::function<uint8_t(const LeavingBlock&)> on_evict{};
 };
 
 struct PrefixIndexStats {
@@ -206,6 +217,7 @@ class PrefixIndex : public BlockSource {
   bool make_room(Space& sp, const Node* keep);
   bool evictable(const Node& n, bool ignore_pins) const;
   Node* oldest_evictable(const Space* only, bool ignore_pins, const Node* keep = nullptr) const;
+  BlockFacts facts_of(const Node& n, double now) const;
   // The eviction victim: the oldest evictable block, or the least valuable of a sample.
   Node* victim(bool ignore_pins) const;
   void remove_leaf(Node* n, MissKind why);

@@ -45,6 +45,26 @@ void TierWriteQueue::drain() {
   while (!queue_.empty() || busy_) idle_cv_.wait(lock);
 }
 
+const TierWrite* TierWriteQueue::find(const Hash256& hash) const {
+  for (const TierWrite& w : queue_) {
+    if (w.hash == hash) return &w;
+  }
+  return nullptr;
+}
+
+bool TierWriteQueue::holds(const Hash256& hash) const {
+  MutexLock lock(mu_);
+  return find(hash) != nullptr;
+}
+
+bool TierWriteQueue::read(const Hash256& ns, const Hash256& hash, std::span<uint8_t> out) const {
+  MutexLock lock(mu_);
+  const TierWrite* w = find(hash);
+  if (w == nullptr || w->ns != ns || w->payload.size() != out.size()) return false;
+  std::copy(w->payload.begin(), w->payload.end(), out.begin());
+  return true;
+}
+
 TierWriteStats TierWriteQueue::stats() const {
   MutexLock lock(mu_);
   return stats_;
@@ -69,25 +89,27 @@ void TierWriteQueue::run() {
   if (errno == 0)
     setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), std::min(19, nice_now + 10));
   for (;;) {
-    TierWrite w;
+    // The block stays at the front of the queue while it is written, so that readers still
+    // find it there; a deque's push_back leaves it in place.
+    const TierWrite* w = nullptr;
     {
       MutexLock lock(mu_);
       while (queue_.empty() && !stop_) work_cv_.wait(lock);
       if (queue_.empty()) break;  // stopping, and everything queued is written
-      w = std::move(queue_.front());
-      queue_.pop_front();
+      w = &queue_.front();
       busy_ = true;
     }
     const double cpu_start = thread_cpu_ms();
-    const bool ok = write_(w);
+    const bool ok = write_(*w);
     const double cpu_ms = thread_cpu_ms() - cpu_start;
     {
       MutexLock lock(mu_);
       stats_.write_cpu_ms += cpu_ms;
       busy_ = false;
       --stats_.queued;
-      stats_.queued_bytes -= w.payload.size();
+      stats_.queued_bytes -= w->payload.size();
       ++(ok ? stats_.written : stats_.failed);
+      queue_.pop_front();
     }
     idle_cv_.notify_all();
   }

@@ -1,5 +1,7 @@
 // Writes blocks to a lower tier behind the step loop: the step thread offers a copy of a
-// block and returns at once; one background thread performs the writes in order.
+// block and returns at once; one background thread performs the writes in order. Until a
+// block's write has finished, readers find it in the queue (a write-back buffer), so a block
+// offered as the pool evicts it is never missed by a request that follows at once.
 //
 // The queue is bounded in bytes: when the tier cannot keep up, new offers are dropped and
 // counted (a block not stored is recomputed later, never waited for). The writer thread runs
@@ -12,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -50,10 +53,15 @@ class TierWriteQueue {
   bool offer(TierWrite w);
   // Waits until every queued write has been performed.
   void drain();
+  // Whether the block with this chained hash is queued (or being written).
+  bool holds(const Hash256& hash) const;
+  // Copies the queued block (ns, hash) into out; false if it is not queued or not out's size.
+  bool read(const Hash256& ns, const Hash256& hash, std::span<uint8_t> out) const;
   TierWriteStats stats() const;
 
  private:
   void run();
+  const TierWrite* find(const Hash256& hash) const REQUIRES(mu_);
 
   const std::function<bool(const TierWrite&)> write_;
   const uint64_t max_bytes_;

@@ -201,7 +201,8 @@ std::string render_metrics(const engine::Engine& engine, const std::string& mode
     p.family("kvcache_tier_decisions_total", "counter",
              "The cost model's decisions per tier: blocks stored, dropped because recomputing "
              "is faster than loading, dropped because blocks are seldom wanted again after "
-             "eviction, hits loaded, hits recomputed because that was faster.");
+             "eviction, stored when evicted after a reuse in the pool, hits loaded, hits "
+             "recomputed because that was faster.");
     for (size_t i = 0; i < engine::kTierCount; ++i) {
       const auto tier = static_cast<engine::Tier>(i);
       if (tier == engine::Tier::kDisk ? !t.disk : !t.redis) continue;

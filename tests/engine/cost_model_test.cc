@@ -87,7 +87,7 @@ TEST(CostModel, BlocksNeverWantedAgainStopBeingStored) {
   // The workload comes back: every block computed is wanted again once.
   for (int i = 0; i < 40; ++i) {
     m.observe_computed(1);
-    m.observe_returns(1);
+    m.observe_reuse(1);
   }
   EXPECT_GT(m.tier_reads_per_block(), 0.4);
   EXPECT_EQ(m.store_decision(Tier::kDisk, 0), TierDecision::kStored);
@@ -109,7 +109,7 @@ TEST(CostModel, ReuseEstimateForgetsOldWorkloads) {
   CostModel m = fitted({0.1, 0.1});
   for (int i = 0; i < 500; ++i) {
     m.observe_computed(1);
-    m.observe_returns(2);
+    m.observe_reuse(2);
   }
   EXPECT_GT(m.tier_reads_per_block(), 1.5);
   m.observe_computed(5000);  // a long run of blocks never wanted again

@@ -153,6 +153,44 @@ TEST(PrefixIndex, TheLedgerKeepsAnEvictedBlocksTag) {
   EXPECT_FALSE(f.index.evicted(Hash256{}));  // never seen
 }
 
+// The eviction hook sees each block evicted to make room, with its data still in the pool and
+// its facts, and the note it returns is what the ledger keeps; a flush does not call it.
+TEST(PrefixIndex, TheEvictionHookSeesTheBlockBeforeItIsReused) {
+  std::vector<LeavingBlock> seen;
+  std::vector<float> first_values;
+  Fixture* fixture = nullptr;
+  PrefixIndexOptions o;
+  o.on_evict = [&](const LeavingBlock& b) {
+    seen.push_back(b);
+    first_values.push_back(*reinterpret_cast<const float*>(fixture->pool.data(b.block)));
+    return static_cast<uint8_t>(b.tag + 1);
+  };
+  Fixture f(4, o);
+  fixture = &f;
+  f.run(f.ns_a, iota(8));  // 2 blocks
+  f.now += 100;
+  f.run(f.ns_a, iota(8));  // a hit on both
+  f.now += 100;
+  f.run(f.ns_a, iota(16, 200));  // needs all 4 blocks: both earlier ones are evicted
+  ASSERT_EQ(seen.size(), 2u);
+  std::vector<size_t> depths;
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].ns, f.ns_a);
+    EXPECT_EQ(seen[i].facts.hits, 1u);
+    EXPECT_DOUBLE_EQ(seen[i].facts.idle_ms, 100);
+    depths.push_back(seen[i].facts.depth_tokens);
+    const auto gone = f.index.evicted(seen[i].facts.hash);
+    ASSERT_TRUE(gone);
+    EXPECT_EQ(gone->tag, 1);
+    // The block's first slot still holds what the sequence wrote there.
+    const std::vector<int32_t> prefix = iota(static_cast<int>(seen[i].facts.depth_tokens) + 1);
+    EXPECT_EQ(first_values[i], Fixture::value_of(prefix));
+  }
+  EXPECT_THAT(depths, ::testing::UnorderedElementsAre(0u, 4u));
+  f.index.flush();
+  EXPECT_EQ(seen.size(), 2u);
+}
+
 TEST(PrefixIndex, PartialBlockWhenCopyingIsOff) {
   PrefixIndexOptions o;
   o.partial_reuse = false;

@@ -56,6 +56,37 @@ TEST(TierWriteQueue, WritesInOrderAndMeasuresTheirProcessorTime) {
   EXPECT_EQ(writer_nice.load(), std::min(19, caller_nice + 10));
 }
 
+// Until its write has finished, a block is read from the queue, and only under its namespace.
+TEST(TierWriteQueue, AQueuedBlockIsReadFromTheQueueUntilWritten) {
+  std::atomic<bool> release{false};
+  TierWriteQueue q(
+      [&](const TierWrite&) {
+        while (!release) std::this_thread::yield();
+        return true;
+      },
+      1 << 20);
+  TierWrite a = write_of(1, 64), b = write_of(2, 64);
+  a.ns[0] = 7;
+  b.ns[0] = 7;
+  const Hash256 ns = a.ns, hash_a = a.hash, hash_b = b.hash;
+  EXPECT_TRUE(q.offer(std::move(a)));  // taken by the writer, which waits
+  EXPECT_TRUE(q.offer(std::move(b)));  // waits in the queue
+  std::vector<uint8_t> out(64, 0);
+  for (const Hash256& h : {hash_a, hash_b}) {
+    EXPECT_TRUE(q.holds(h));
+    EXPECT_TRUE(q.read(ns, h, out));
+    EXPECT_EQ(out, std::vector<uint8_t>(64, h[0]));
+  }
+  EXPECT_FALSE(q.read(Hash256{}, hash_a, out));  // another namespace
+  std::vector<uint8_t> small(8);
+  EXPECT_FALSE(q.read(ns, hash_a, small));  // another size
+  EXPECT_FALSE(q.holds(Hash256{}));
+  release = true;
+  q.drain();
+  EXPECT_FALSE(q.holds(hash_a));
+  EXPECT_FALSE(q.read(ns, hash_b, out));
+}
+
 TEST(TierWriteQueue, AFullQueueDropsAndCounts) {
   std::atomic<bool> release{false};
   TierWriteQueue q(
