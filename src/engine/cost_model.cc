@@ -12,9 +12,10 @@ constexpr double kLoadSmoothing = 0.2;  // weight of the newest load in the runn
 constexpr double kPositionScale = 1024;
 // Reuse is judged over roughly the last thousand blocks computed (a half-life of ~350).
 constexpr double kReuseForget = 0.998;
-// Until blocks have been seen: one read per two blocks, worth eight blocks of evidence, so
-// a workload that never returns stops storing within a few dozen blocks.
-constexpr double kPriorBlocks = 8, kPriorReads = 4;
+// No reuse is assumed before it is seen (eight blocks' worth of evidence of none): a block
+// reused in the pool is still stored when evicted, so the first blocks of a workload that
+// returns are not lost, and one that never returns writes nothing.
+constexpr double kPriorBlocks = 8, kPriorReads = 0;
 
 // Solves the 3x3 system m x = y by Gaussian elimination with partial pivoting; false when it
 // is (nearly) singular.
@@ -100,7 +101,9 @@ TierDecision CostModel::store_decision(Tier tier, size_t depth_tokens) const {
 }
 
 bool CostModel::store_when_evicted(Tier tier, size_t depth_tokens) const {
-  return recompute_ms(depth_tokens) - load_ms(tier) > write_ms(tier);
+  // It has been read once; the workload's rate counts when it says more.
+  const double reads = std::max(1.0, tier_reads_per_block());
+  return reads * (recompute_ms(depth_tokens) - load_ms(tier)) > write_ms(tier);
 }
 
 void CostModel::observe_pass(size_t tokens, double position_sum, double ms) {

@@ -13,8 +13,8 @@
 // writes only, never a hit. A block is stored when that many reads times what each saves
 // (recompute minus load) exceeds the processor time its write takes (the writer shares the
 // cores with the forward pass). A block dropped that way but then reused in the pool has
-// shown that it is wanted again: when the pool evicts it, it is written if one read repays
-// the write.
+// shown that it is wanted again: when the pool evicts it, it is written if its expected reads,
+// at least one, repay the write.
 //
 // Recompute: a prefill pass of T new tokens at positions p costs about c + a*T + b*sum(p)
 // milliseconds (weights are read once per pass; attention grows with the context before each
@@ -92,7 +92,7 @@ class CostModel {
   // not beat recompute) or kDroppedSeldomReused (expected reads do not repay the write).
   TierDecision store_decision(Tier tier, size_t depth_tokens) const;
   // Whether a block dropped when computed, hit in the pool since and now leaving it, is worth
-  // writing to tier: one read must repay the write.
+  // writing to tier: its expected reads (at least the one it has shown) must repay the write.
   bool store_when_evicted(Tier tier, size_t depth_tokens) const;
 
   // Milliseconds to recompute the block that starts at depth_tokens.

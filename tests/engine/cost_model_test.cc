@@ -70,37 +70,50 @@ CostModel fitted(std::array<double, kTierCount> load_prior_ms) {
   return m;
 }
 
-// Blocks are stored while the workload comes back for them, and dropped (with their own
-// reason) once the workload has shown it does not: the expected reads no longer repay a write.
-TEST(CostModel, BlocksNeverWantedAgainStopBeingStored) {
+// Blocks are stored once the workload has shown it comes back for them, and dropped (with their
+// own reason) while it does not: the expected reads must repay a write.
+TEST(CostModel, BlocksAreStoredOnlyWhileTheWorkloadComesBackForThem) {
   CostModel m = fitted({0.1, 0.1});
   EXPECT_NEAR(m.recompute_ms(0), 0.509, 1e-6);
   m.observe_write(Tier::kDisk, 0.1);
-  // Prior: one read per two blocks; 0.5 * (0.5 - 0.1) = 0.2 ms > 0.1 ms write: store.
-  EXPECT_NEAR(m.tier_reads_per_block(), 0.5, 1e-12);
-  EXPECT_EQ(m.store_decision(Tier::kDisk, 0), TierDecision::kStored);
-  for (int i = 0; i < 40; ++i) m.observe_computed(1);  // 40 blocks, none wanted again
-  EXPECT_LT(m.tier_reads_per_block(), 0.25);
+  // No reuse seen yet: nothing is worth a write, but a block reused in the pool is (one read
+  // saves 0.409 ms, more than the 0.1 ms write).
+  EXPECT_DOUBLE_EQ(m.tier_reads_per_block(), 0.0);
   EXPECT_EQ(m.store_decision(Tier::kDisk, 0), TierDecision::kDroppedSeldomReused);
-  // Deep blocks save more per read, so they are worth storing at a lower reuse.
-  EXPECT_EQ(m.store_decision(Tier::kDisk, 1500), TierDecision::kStored);
+  EXPECT_TRUE(m.store_when_evicted(Tier::kDisk, 0));
   // The workload comes back: every block computed is wanted again once.
   for (int i = 0; i < 40; ++i) {
     m.observe_computed(1);
     m.observe_reuse(1);
   }
-  EXPECT_GT(m.tier_reads_per_block(), 0.4);
+  EXPECT_GT(m.tier_reads_per_block(), 0.8);
   EXPECT_EQ(m.store_decision(Tier::kDisk, 0), TierDecision::kStored);
-  // A dearer write (measured) needs more reads.
+  // Then 400 blocks never wanted again: the estimate falls, and shallow blocks are dropped.
+  for (int i = 0; i < 400; ++i) m.observe_computed(1);
+  EXPECT_LT(m.tier_reads_per_block(), 0.1);
+  EXPECT_EQ(m.store_decision(Tier::kDisk, 0), TierDecision::kDroppedSeldomReused);
+  // Deep blocks save more per read, so they are worth storing at a lower reuse.
+  EXPECT_EQ(m.store_decision(Tier::kDisk, 1500), TierDecision::kStored);
+  // A dearer write (measured) needs more reads, also for a block reused in the pool.
   m.observe_write(Tier::kDisk, 5.0);
   EXPECT_DOUBLE_EQ(m.write_ms(Tier::kDisk), 5.0);
-  EXPECT_EQ(m.store_decision(Tier::kDisk, 0), TierDecision::kDroppedSeldomReused);
-  m.observe_write(Tier::kDisk, -1);  // no measurement: unchanged
+  EXPECT_EQ(m.store_decision(Tier::kDisk, 1500), TierDecision::kDroppedSeldomReused);
+  EXPECT_FALSE(m.store_when_evicted(Tier::kDisk, 0));
+  EXPECT_FALSE(m.store_when_evicted(Tier::kDisk, 1500));  // 3.4 ms saved < 5 ms
+  m.observe_write(Tier::kDisk, -1);                       // no measurement: unchanged
   EXPECT_DOUBLE_EQ(m.write_ms(Tier::kDisk), 5.0);
+  // When the workload reads each block three times, those reads of 3.4 ms repay it.
+  for (int i = 0; i < 400; ++i) {
+    m.observe_computed(1);
+    m.observe_reuse(3);
+  }
+  EXPECT_GT(m.tier_reads_per_block(), 1.5);
+  EXPECT_TRUE(m.store_when_evicted(Tier::kDisk, 1500));
   // Recompute cheaper than a load is the first reason, whatever the reuse.
   m.observe_load(Tier::kRedis, 3.0);
   EXPECT_EQ(m.store_decision(Tier::kRedis, 0), TierDecision::kDroppedCheap);
   EXPECT_EQ(tier_decision_name(TierDecision::kDroppedSeldomReused), "dropped_seldom_reused");
+  EXPECT_EQ(tier_decision_name(TierDecision::kStoredWhenEvicted), "stored_when_evicted");
   EXPECT_DOUBLE_EQ(m.snapshot().tier_reads_per_block, m.tier_reads_per_block());
 }
 

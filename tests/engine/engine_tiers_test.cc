@@ -336,12 +336,12 @@ TEST(EngineTiers, ReuseIsLearntFromTheWorkloadAndAMissSaysWhyNoTierKeptTheBlock)
   Engine e(*m.model, *m.tokenizer, o);
   const kv::Hash256 ns = e.namespace_for("tenant", "");
   const double prior = e.stats().tiers.cost.tier_reads_per_block;
-  EXPECT_DOUBLE_EQ(prior, 0.5);
+  EXPECT_DOUBLE_EQ(prior, 0.0);
   std::vector<std::vector<int32_t>> prompts;
   for (uint64_t i = 0; i < 12; ++i) prompts.push_back(prompt_of(m, 66, 300 + i));
   for (const auto& p : prompts) complete(e, recorded(p, ns));  // none comes back
   const double unique = e.stats().tiers.cost.tier_reads_per_block;
-  EXPECT_LT(unique, prior / 2);
+  EXPECT_DOUBLE_EQ(unique, 0.0);  // no reuse seen, none assumed
   e.drain_tiers();
   e.flush_cache();  // every block leaves the pool
   size_t notes = 0;
@@ -386,9 +386,8 @@ TEST(EngineTiers, AReusedBlockIsInTheDiskTierOnceThePoolEvictsIt) {
   Engine e(*m.model, *m.tokenizer, o);
   const kv::Hash256 ns = e.namespace_for("tenant", "");
   const auto unique = [&](uint64_t seed) { return prompt_of(m, 66, seed); };
-  // 256 blocks never wanted again teach the model that blocks are seldom reused (about 0.01
-  // reads per block: a fraction of a write's cost).
-  for (uint64_t i = 0; i < 16; ++i) complete(e, recorded(prompt_of(m, 258, 500 + i), ns));
+  // Blocks never wanted again: the model expects no reads, and drops what it computes.
+  for (uint64_t i = 0; i < 4; ++i) complete(e, recorded(prompt_of(m, 258, 500 + i), ns));
   const std::vector<int32_t> reused = unique(1);
   complete(e, recorded(reused, ns));
   const Completion hit = complete(e, recorded(reused, ns));
@@ -408,7 +407,9 @@ TEST(EngineTiers, AReusedBlockIsInTheDiskTierOnceThePoolEvictsIt) {
     return t.decisions[static_cast<size_t>(Tier::kDisk)][static_cast<size_t>(d)];
   };
   EXPECT_EQ(t.disk_writes.offered, n(TierDecision::kStored) + n(TierDecision::kStoredWhenEvicted));
-  EXPECT_GE(n(TierDecision::kStoredWhenEvicted), 4u);  // the reused prompt's blocks, at least
+  // The reused prompt's blocks were dropped when computed (no reuse seen yet): those loaded
+  // from the disk were stored as the pool evicted them.
+  EXPECT_GE(n(TierDecision::kStoredWhenEvicted), back.stats.disk_tokens / 16);
   std::printf(
       "[ measured ] disk: stored when computed %llu, dropped as seldom reused %llu, stored when "
       "evicted %llu; reads per block %.3f, write %.3f ms, recompute at depth 0 %.3f ms\n",
