@@ -64,13 +64,7 @@ std::vector<int32_t> prompt_tokens(const Backend& b, const nlohmann::json& body,
 
 std::string render_chat_prompt(const Backend& b, const std::vector<ChatMessage>& messages,
                                bool add_generation_prompt) {
-  if (!add_generation_prompt) {
-    bad_field("add_generation_prompt",
-              fmt::format("the {} template always ends with the assistant's turn opened; "
-                          "add_generation_prompt false is not supported yet",
-                          b.chat_template.name()));
-  }
-  return b.chat_template.render(messages);
+  return b.chat_template.render(messages, add_generation_prompt);
 }
 
 std::vector<engine::Request> map_completion(const CompletionRequest& r, const Backend& b,

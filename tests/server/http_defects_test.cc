@@ -379,6 +379,18 @@ TEST(HttpDefects, ApplyTemplateRendersTheChatTemplate) {
   ASSERT_EQ(r.status, 200) << r.text;
   EXPECT_EQ(r.body["prompt"],
             ChatTemplate(ChatFormat::kChatml).render({{"system", "Be brief."}, {"user", "Hi"}}));
+  // Without the assistant's turn opened (to render a finished conversation).
+  const auto closed =
+      post(s, "/apply-template", json{{"messages", messages}, {"add_generation_prompt", false}});
+  ASSERT_EQ(closed.status, 200) << closed.text;
+  EXPECT_EQ(
+      closed.body["prompt"],
+      ChatTemplate(ChatFormat::kChatml).render({{"system", "Be brief."}, {"user", "Hi"}}, false));
+  EXPECT_EQ(closed.body["prompt"].get<std::string>() + "<|im_start|>assistant\n",
+            r.body["prompt"].get<std::string>());
+  EXPECT_EQ(
+      post(s, "/apply-template", json{{"messages", messages}, {"add_generation_prompt", 1}}).status,
+      400);
   EXPECT_EQ(post(s, "/apply-template", json::object()).status, 400);
 }
 
