@@ -94,6 +94,25 @@ void apply_rope(float* x, int n_heads, int head_dim, int n_rot, const float* cos
   }
 }
 
+// Consecutive rows of one sequence, attended together (a tile of queries).
+struct QueryTile {
+  size_t first_row = 0;
+  size_t rows = 0;
+};
+
+// Splits rows into tiles of at most max_rows consecutive rows sharing a block table.
+std::vector<QueryTile> query_tiles(std::span<const BatchRow> rows, size_t max_rows) {
+  std::vector<QueryTile> tiles;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (tiles.empty() || tiles.back().rows == max_rows ||
+        rows[r].table != rows[tiles.back().first_row].table) {
+      tiles.push_back({r, 0});
+    }
+    ++tiles.back().rows;
+  }
+  return tiles;
+}
+
 }  // namespace
 
 void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<const BatchRow> rows,
@@ -103,7 +122,16 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
   const int hd = c.head_dim;
   const int group = c.n_heads / c.n_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const size_t tasks = rows.size() * c.n_heads;
+  const int bt = g.block_tokens;
+  // A task is one KV head of one tile of a sequence's rows: every query of the tile (its rows
+  // times the heads of the GQA group) reads each block of keys and values while it is in the
+  // first-level cache, instead of each query streaming the whole context. Each query's scores,
+  // softmax and weighted sum still run alone, in block order, through the same kernels, so a
+  // row's result does not depend on the tile it falls in.
+  constexpr size_t kTileQueries = 16;  // their scores stay within the second-level cache
+  const std::vector<QueryTile> tiles =
+      query_tiles(rows, std::max<size_t>(1, kTileQueries / static_cast<size_t>(group)));
+  const size_t tasks = tiles.size() * static_cast<size_t>(c.n_kv_heads);
   size_t max_pos = 0;
   for (const BatchRow& row : rows) max_pos = std::max<size_t>(max_pos, row.pos);
   // Each task reads up to (max_pos + 1) keys and values of head_dim each.
@@ -111,45 +139,72 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
   threads.parallel_for(
       tasks,
       [&](size_t begin, size_t end) {
-        std::vector<float> scores;
+        std::vector<float> scores, sums;
+        std::vector<size_t> n_pos;
         for (size_t task = begin; task < end; ++task) {
-          const size_t r = task / c.n_heads;
-          const int h = static_cast<int>(task % c.n_heads);
-          const int kvh = h / group;
-          const BatchRow& row = rows[r];
-          const float* q = s.q.data() + r * c.q_dim() + static_cast<size_t>(h) * hd;
-          float* out = s.attn.data() + r * c.q_dim() + static_cast<size_t>(h) * hd;
-          const size_t n_pos = static_cast<size_t>(row.pos) + 1;
-          scores.resize(n_pos);
-          const int bt = g.block_tokens;
+          // Heads outermost: a thread's share of the tasks is whole heads, each over every
+          // tile, so causal tiles (later ones attend further) are spread evenly.
+          const QueryTile& tile = tiles[task % tiles.size()];
+          const int kvh = static_cast<int>(task / tiles.size());
+          const size_t queries = tile.rows * static_cast<size_t>(group);
+          const kv::BlockTable& table = *rows[tile.first_row].table;
+          // Query j is head kvh * group + j % group of row first_row + j / group.
+          const auto q_of = [&](size_t j) {
+            const size_t r = tile.first_row + j / group;
+            const size_t h = static_cast<size_t>(kvh) * group + j % group;
+            return r * c.q_dim() + h * hd;
+          };
+          n_pos.resize(queries);
+          size_t longest = 0;
+          for (size_t j = 0; j < queries; ++j) {
+            n_pos[j] = static_cast<size_t>(rows[tile.first_row + j / group].pos) + 1;
+            longest = std::max(longest, n_pos[j]);
+          }
+          scores.resize(queries * longest);
           const kv::KvRun k_run = g.run(layer, 0, kvh);
           const kv::KvRun v_run = g.run(layer, 1, kvh);
           // Keys and values of one (layer, kv head) sit at a fixed stride within each block: score
           // and accumulate a block's run of positions at a time, in position order, reading the
           // stored bytes in place whatever their dtype.
-          for (size_t t0 = 0; t0 < n_pos; t0 += bt) {
-            const size_t n = std::min<size_t>(bt, n_pos - t0);
-            const uint8_t* block = pool.data(row.table->block_of(t0));
+          for (size_t t0 = 0; t0 < longest; t0 += bt) {
+            const uint8_t* block = pool.data(table.block_of(t0));
             const kernels::KvRows keys{g.k_dtype, block + k_run.offset, k_run.stride, k_run.first};
-            kernels::kv_scores(keys, q, n, hd, scale, scores.data() + t0);
+            for (size_t j = 0; j < queries; ++j) {
+              if (t0 >= n_pos[j]) continue;
+              const size_t n = std::min<size_t>(bt, n_pos[j] - t0);
+              kernels::kv_scores(keys, s.q.data() + q_of(j), n, hd, scale,
+                                 scores.data() + j * longest + t0);
+            }
           }
-          float max = scores[0];
-          for (size_t t = 1; t < n_pos; ++t) max = std::max(max, scores[t]);
-          float sum = 0.0f;
-          for (size_t t = 0; t < n_pos; ++t) {
-            scores[t] = std::exp(scores[t] - max);
-            sum += scores[t];
+          sums.resize(queries);
+          for (size_t j = 0; j < queries; ++j) {
+            float* p = scores.data() + j * longest;
+            float max = p[0];
+            for (size_t t = 1; t < n_pos[j]; ++t) max = std::max(max, p[t]);
+            float sum = 0.0f;
+            for (size_t t = 0; t < n_pos[j]; ++t) {
+              p[t] = std::exp(p[t] - max);
+              sum += p[t];
+            }
+            sums[j] = sum;
+            std::fill_n(s.attn.data() + q_of(j), hd, 0.0f);
           }
-          std::fill(out, out + hd, 0.0f);
-          for (size_t t0 = 0; t0 < n_pos; t0 += bt) {
-            const size_t n = std::min<size_t>(bt, n_pos - t0);
-            const uint8_t* block = pool.data(row.table->block_of(t0));
+          for (size_t t0 = 0; t0 < longest; t0 += bt) {
+            const uint8_t* block = pool.data(table.block_of(t0));
             const kernels::KvRows values{g.v_dtype, block + v_run.offset, v_run.stride,
                                          v_run.first};
-            kernels::kv_accumulate(values, scores.data() + t0, n, hd, out);
+            for (size_t j = 0; j < queries; ++j) {
+              if (t0 >= n_pos[j]) continue;
+              const size_t n = std::min<size_t>(bt, n_pos[j] - t0);
+              kernels::kv_accumulate(values, scores.data() + j * longest + t0, n, hd,
+                                     s.attn.data() + q_of(j));
+            }
           }
-          const float inv = 1.0f / sum;
-          for (int i = 0; i < hd; ++i) out[i] *= inv;
+          for (size_t j = 0; j < queries; ++j) {
+            float* out = s.attn.data() + q_of(j);
+            const float inv = 1.0f / sums[j];
+            for (int i = 0; i < hd; ++i) out[i] *= inv;
+          }
         }
       },
       grain);
