@@ -196,6 +196,15 @@ void attention_scores(DType kv, const float* q, const void* k, size_t n, size_t 
   }
 }
 
+void attention_scores_queries(DType kv, const float* const* q, size_t nq, const void* k, size_t n,
+                              size_t hd, float scale, float* const* out) {
+  if (kv == DType::F16) {
+    table().scores_f16_queries(q, nq, static_cast<const uint16_t*>(k), n, hd, scale, out);
+  } else {
+    for (size_t j = 0; j < nq; ++j) attention_scores(kv, q[j], k, n, hd, scale, out[j]);
+  }
+}
+
 void attention_accumulate(DType kv, const float* p, const void* v, size_t n, size_t hd,
                           float* out) {
   if (kv == DType::F16) {

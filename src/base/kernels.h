@@ -60,6 +60,10 @@ void axpy_f16(float alpha, const uint16_t* x, float* y, size_t n);
 // out[t] = dot(q, k_t) * scale for n key rows k_t = k + t * hd of type kv (f32 or f16).
 void attention_scores(DType kv, const float* q, const void* k, size_t n, size_t hd, float scale,
                       float* out);
+// attention_scores for nq queries q[j] into out[j], each key row read once for all of them; every
+// out[j] has the same bits as attention_scores(kv, q[j], ...) alone.
+void attention_scores_queries(DType kv, const float* const* q, size_t nq, const void* k, size_t n,
+                              size_t hd, float scale, float* const* out);
 // out += p[t] * v_t for t = 0..n-1 in order, for n value rows v_t = v + t * hd of type kv.
 void attention_accumulate(DType kv, const float* p, const void* v, size_t n, size_t hd, float* out);
 

@@ -2,6 +2,8 @@
 // own functions, so the rest of the program still runs on any x86-64 CPU.
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "base/dtype.h"
 #include "base/kernel_table.h"
 
@@ -138,6 +140,60 @@ float dot_w_q4_0(const void* w, const void* x, size_t n) {
 
 KVC_ATTENTION_LOOPS(dot_f32_avx2, dot_f16_f32_avx2, axpy_f32_avx2, axpy_f16_avx2)
 
+// dot_f16_f32_avx2(a, b[j], n) for Q query rows b[j] against one f16 row a, converting a once:
+// each query's lanes take the same fused multiply-adds in the same order (then the same scalar
+// tail), so each result has the same bits as the single dot.
+template <int Q>
+void dots_f16_f32(const uint16_t* a, const float* const* b, size_t n, float* out) {
+  __m256 acc0[Q], acc1[Q];
+  for (int j = 0; j < Q; ++j) acc0[j] = acc1[j] = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 a0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
+    const __m256 a1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i + 8)));
+    for (int j = 0; j < Q; ++j) {
+      acc0[j] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(b[j] + i), acc0[j]);
+      acc1[j] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(b[j] + i + 8), acc1[j]);
+    }
+  }
+  for (; i + 8 <= n; i += 8) {
+    const __m256 a0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
+    for (int j = 0; j < Q; ++j) acc0[j] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(b[j] + i), acc0[j]);
+  }
+  for (int j = 0; j < Q; ++j) {
+    float sum = hsum256(_mm256_add_ps(acc0[j], acc1[j]));
+    for (size_t e = i; e < n; ++e) sum += half(a[e]) * b[j][e];
+    out[j] = sum;
+  }
+}
+
+KVC_SCORES_F16_QUERIES(dots_f16_f32)
+
+// accumulate_f16 with the output held in registers across the rows, a panel of up to eight
+// 8-lane chunks at a time: each lane takes the same fused multiply-adds in row order, so the
+// bits are those of the row-by-row loop, without a load and a store of out per row.
+void accumulate_f16_panels(const float* p, const uint16_t* v, size_t n, size_t hd, float* out) {
+  if (hd % 8 != 0) {
+    accumulate_f16(p, v, n, hd, out);
+    return;
+  }
+  for (size_t c0 = 0; c0 < hd; c0 += 64) {
+    const size_t chunks = std::min<size_t>(8, (hd - c0) / 8);
+    __m256 o[8];
+    for (size_t c = 0; c < chunks; ++c) o[c] = _mm256_loadu_ps(out + c0 + 8 * c);
+    for (size_t t = 0; t < n; ++t) {
+      const __m256 a = _mm256_set1_ps(p[t]);
+      const uint16_t* row = v + t * hd + c0;
+      for (size_t c = 0; c < chunks; ++c) {
+        const __m256 x =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 8 * c)));
+        o[c] = _mm256_fmadd_ps(a, x, o[c]);
+      }
+    }
+    for (size_t c = 0; c < chunks; ++c) _mm256_storeu_ps(out + c0 + 8 * c, o[c]);
+  }
+}
+
 }  // namespace
 
 const KernelTable* avx2_kernels() {
@@ -149,8 +205,9 @@ const KernelTable* avx2_kernels() {
       axpy_f16_avx2,
       scores_f32,
       scores_f16,
+      scores_f16_queries,
       accumulate_f32,
-      accumulate_f16,
+      accumulate_f16_panels,
   };
   return &table;
 }

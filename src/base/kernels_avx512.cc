@@ -2,6 +2,8 @@
 // these instructions to this file's own functions.
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "base/dtype.h"
 #include "base/kernel_table.h"
 
@@ -197,6 +199,58 @@ float dot_w_q4_0(const void* w, const void* x, size_t n) {
 
 KVC_ATTENTION_LOOPS(dot_f32_avx512, dot_f16_f32_avx512, axpy_f32_avx512, axpy_f16_avx512)
 
+// dot_f16_f32_avx512(a, b[j], n) for Q query rows b[j] against one f16 row a, converting a
+// once: each query's lanes take the same fused multiply-adds in the same order, so each result
+// has the same bits as the single dot.
+template <int Q>
+void dots_f16_f32(const uint16_t* a, const float* const* b, size_t n, float* out) {
+  __m512 acc0[Q], acc1[Q];
+  for (int j = 0; j < Q; ++j) acc0[j] = acc1[j] = _mm512_setzero_ps();
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 a0 = load_f16(a + i), a1 = load_f16(a + i + 16);
+    for (int j = 0; j < Q; ++j) {
+      acc0[j] = _mm512_fmadd_ps(a0, _mm512_loadu_ps(b[j] + i), acc0[j]);
+      acc1[j] = _mm512_fmadd_ps(a1, _mm512_loadu_ps(b[j] + i + 16), acc1[j]);
+    }
+  }
+  for (; i + 16 <= n; i += 16) {
+    const __m512 a0 = load_f16(a + i);
+    for (int j = 0; j < Q; ++j) acc0[j] = _mm512_fmadd_ps(a0, _mm512_loadu_ps(b[j] + i), acc0[j]);
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 va = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, a + i));
+    for (int j = 0; j < Q; ++j) {
+      acc1[j] = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, b[j] + i), acc1[j]);
+    }
+  }
+  for (int j = 0; j < Q; ++j) out[j] = hsum512(_mm512_add_ps(acc0[j], acc1[j]));
+}
+
+KVC_SCORES_F16_QUERIES(dots_f16_f32)
+
+// accumulate_f16 with the output held in registers across the rows, a panel of up to eight
+// 16-lane chunks at a time: each lane takes the same fused multiply-adds in row order, so the
+// bits are those of the row-by-row loop, without a load and a store of out per row.
+void accumulate_f16_panels(const float* p, const uint16_t* v, size_t n, size_t hd, float* out) {
+  if (hd % 16 != 0) {
+    accumulate_f16(p, v, n, hd, out);
+    return;
+  }
+  for (size_t c0 = 0; c0 < hd; c0 += 128) {
+    const size_t chunks = std::min<size_t>(8, (hd - c0) / 16);
+    __m512 o[8];
+    for (size_t c = 0; c < chunks; ++c) o[c] = _mm512_loadu_ps(out + c0 + 16 * c);
+    for (size_t t = 0; t < n; ++t) {
+      const __m512 a = _mm512_set1_ps(p[t]);
+      const uint16_t* row = v + t * hd + c0;
+      for (size_t c = 0; c < chunks; ++c) o[c] = _mm512_fmadd_ps(a, load_f16(row + 16 * c), o[c]);
+    }
+    for (size_t c = 0; c < chunks; ++c) _mm512_storeu_ps(out + c0 + 16 * c, o[c]);
+  }
+}
+
 }  // namespace
 
 const KernelTable* avx512_kernels() {
@@ -208,8 +262,9 @@ const KernelTable* avx512_kernels() {
       axpy_f16_avx512,
       scores_f32,
       scores_f16,
+      scores_f16_queries,
       accumulate_f32,
-      accumulate_f16,
+      accumulate_f16_panels,
   };
   return &table;
 }

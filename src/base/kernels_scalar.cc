@@ -71,6 +71,11 @@ float dot_w_q4_0(const void* w, const void* x, size_t n) {
 
 KVC_ATTENTION_LOOPS(dot_f32_scalar, dot_f16_f32_scalar, axpy_f32_scalar, axpy_f16_scalar)
 
+void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, size_t n, size_t hd,
+                        float scale, float* const* out) {
+  for (size_t j = 0; j < nq; ++j) scores_f16(q[j], k, n, hd, scale, out[j]);
+}
+
 }  // namespace
 
 const KernelTable& scalar_kernels() {
@@ -82,6 +87,7 @@ const KernelTable& scalar_kernels() {
       axpy_f16_scalar,
       scores_f32,
       scores_f16,
+      scores_f16_queries,
       accumulate_f32,
       accumulate_f16,
   };

@@ -43,6 +43,15 @@ void kv_scores(const KvRows& k, const float* q, size_t n, size_t hd, float scale
   fail("kv_scores: keys stored as {} are not supported", dtype_name(k.dtype));
 }
 
+void kv_scores_queries(const KvRows& k, const float* const* q, size_t nq, size_t n, size_t hd,
+                       float scale, float* const* out) {
+  if (k.dtype == DType::F32 || k.dtype == DType::F16) {
+    attention_scores_queries(k.dtype, q, nq, k.base, n, hd, scale, out);
+    return;
+  }
+  for (size_t j = 0; j < nq; ++j) kv_scores(k, q[j], n, hd, scale, out[j]);
+}
+
 void kv_accumulate(const KvRows& v, const float* p, size_t n, size_t hd, float* out) {
   switch (v.dtype) {
     case DType::F32:

@@ -28,6 +28,10 @@ struct KvRows {
 
 // out[t] = dot(q, k_t) * scale for the n rows of k.
 void kv_scores(const KvRows& k, const float* q, size_t n, size_t hd, float scale, float* out);
+// kv_scores for nq queries q[j] into out[j] over the same n rows of k, reading each row once
+// where a kernel can; every out[j] has the same bits as kv_scores of q[j] alone.
+void kv_scores_queries(const KvRows& k, const float* const* q, size_t nq, size_t n, size_t hd,
+                       float scale, float* const* out);
 // out += p[t] * v_t for t = 0..n-1 in order, over the n rows of v.
 void kv_accumulate(const KvRows& v, const float* p, size_t n, size_t hd, float* out);
 

@@ -141,6 +141,8 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
       [&](size_t begin, size_t end) {
         std::vector<float> scores, sums;
         std::vector<size_t> n_pos;
+        std::vector<const float*> q_ptrs;
+        std::vector<float*> out_ptrs;
         for (size_t task = begin; task < end; ++task) {
           // Heads outermost: a thread's share of the tasks is whole heads, each over every
           // tile, so causal tiles (later ones attend further) are spread evenly.
@@ -169,12 +171,23 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
           for (size_t t0 = 0; t0 < longest; t0 += bt) {
             const uint8_t* block = pool.data(table.block_of(t0));
             const kernels::KvRows keys{g.k_dtype, block + k_run.offset, k_run.stride, k_run.first};
+            // The queries that see the whole block share each key row's read; those whose
+            // causal limit falls inside it score their own prefix of it.
+            q_ptrs.clear();
+            out_ptrs.clear();
             for (size_t j = 0; j < queries; ++j) {
               if (t0 >= n_pos[j]) continue;
               const size_t n = std::min<size_t>(bt, n_pos[j] - t0);
-              kernels::kv_scores(keys, s.q.data() + q_of(j), n, hd, scale,
-                                 scores.data() + j * longest + t0);
+              float* out = scores.data() + j * longest + t0;
+              if (n == static_cast<size_t>(bt)) {
+                q_ptrs.push_back(s.q.data() + q_of(j));
+                out_ptrs.push_back(out);
+              } else {
+                kernels::kv_scores(keys, s.q.data() + q_of(j), n, hd, scale, out);
+              }
             }
+            kernels::kv_scores_queries(keys, q_ptrs.data(), q_ptrs.size(), bt, hd, scale,
+                                       out_ptrs.data());
           }
           sums.resize(queries);
           for (size_t j = 0; j < queries; ++j) {

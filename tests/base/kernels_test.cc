@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -80,6 +81,74 @@ TEST(Kernels, SimdAgreesWithScalarOnF16AttentionKernels) {
       for (size_t i = 0; i < n; ++i) {
         EXPECT_NEAR(y[i], b[i] + 0.37 * a[i], 2e-7 * (std::fabs(b[i]) + 1.0)) << i;
         EXPECT_NEAR(y16[i], b[i] - 1.5 * ar[i], 4e-7 * (std::fabs(b[i]) + 2.0)) << i;
+      }
+    }
+  }
+}
+
+// Scoring several queries against the same keys at once (each key row read once) gives every
+// query the same bits as scoring it alone, for every query count (register tiles of four and
+// the rest), head size and key type, on every instruction set this CPU has.
+TEST(Kernels, ScoresOfManyQueriesAreTheBitsOfEachAlone) {
+  IsaGuard guard;
+  for (Isa isa : supported_isas()) {
+    kernels::set_isa(isa);
+    for (size_t hd : {8u, 24u, 64u, 80u, 128u, 131u}) {
+      for (DType kv : {DType::F16, DType::F32}) {
+        const size_t rows = 16;
+        const auto kf = random_floats(rows * hd, 7);
+        std::vector<uint8_t> k(row_bytes(kv, rows * hd));
+        quantize_row(kv, kf.data(), k.data(), rows * hd);
+        for (size_t nq : {1u, 3u, 4u, 5u, 9u}) {
+          const auto q = random_floats(nq * hd, 8 + static_cast<uint32_t>(nq));
+          std::vector<float> together(nq * rows), alone(nq * rows);
+          std::vector<const float*> qp;
+          std::vector<float*> op;
+          for (size_t j = 0; j < nq; ++j) {
+            qp.push_back(q.data() + j * hd);
+            op.push_back(together.data() + j * rows);
+            kernels::attention_scores(kv, q.data() + j * hd, k.data(), rows, hd, 0.125f,
+                                      alone.data() + j * rows);
+          }
+          kernels::attention_scores_queries(kv, qp.data(), nq, k.data(), rows, hd, 0.125f,
+                                            op.data());
+          for (size_t i = 0; i < together.size(); ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(together[i]), std::bit_cast<uint32_t>(alone[i]))
+                << kernels::isa_name(isa) << " " << dtype_name(kv) << " hd " << hd << " nq " << nq
+                << " at " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Attention's kernels keep the bits of the dot and axpy they are defined by, whatever their
+// blocking: each score is dot(k_t, q) * scale, and the weighted sum is one axpy per row in row
+// order, on every instruction set this CPU has.
+TEST(Kernels, AttentionKernelsAreTheirDefiningDotAndAxpyBitForBit) {
+  IsaGuard guard;
+  for (Isa isa : supported_isas()) {
+    kernels::set_isa(isa);
+    for (size_t hd : {8u, 24u, 64u, 80u, 128u, 136u, 131u}) {
+      const size_t rows = 16;
+      const auto kf = random_floats(rows * hd, 11);
+      std::vector<uint16_t> k(rows * hd);
+      quantize_row(DType::F16, kf.data(), k.data(), rows * hd);
+      const auto q = random_floats(hd, 12), p = random_floats(rows, 13);
+      std::vector<float> scores(rows);
+      kernels::attention_scores(DType::F16, q.data(), k.data(), rows, hd, 0.3f, scores.data());
+      std::vector<float> out = random_floats(hd, 14), want = out;
+      kernels::attention_accumulate(DType::F16, p.data(), k.data(), rows, hd, out.data());
+      for (size_t t = 0; t < rows; ++t) {
+        const float dot = kernels::dot_f16_f32(k.data() + t * hd, q.data(), hd) * 0.3f;
+        ASSERT_EQ(std::bit_cast<uint32_t>(scores[t]), std::bit_cast<uint32_t>(dot))
+            << kernels::isa_name(isa) << " hd " << hd << " row " << t;
+        kernels::axpy_f16(p[t], k.data() + t * hd, want.data(), hd);
+      }
+      for (size_t i = 0; i < hd; ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(want[i]))
+            << kernels::isa_name(isa) << " hd " << hd << " lane " << i;
       }
     }
   }
