@@ -43,26 +43,6 @@ struct KernelTable {
     for (size_t t = 0; t < n; ++t) AXPY_F16(p[t], v + t * hd, out, hd);                           \
   }
 
-// scores_f16_queries over an instruction set's DOTS<Q>(a, b, n, out): Q queries against one key
-// row at a time, in register tiles of four queries.
-#define KVC_SCORES_F16_QUERIES(DOTS)                                                     \
-  void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, size_t n, \
-                          size_t hd, float scale, float* const* out) {                   \
-    float dots[4];                                                                       \
-    for (size_t t = 0; t < n; ++t) {                                                     \
-      const uint16_t* row = k + t * hd;                                                  \
-      size_t j = 0;                                                                      \
-      for (; j + 4 <= nq; j += 4) {                                                      \
-        DOTS<4>(row, q + j, hd, dots);                                                   \
-        for (int e = 0; e < 4; ++e) out[j + e][t] = dots[e] * scale;                     \
-      }                                                                                  \
-      for (; j < nq; ++j) {                                                              \
-        DOTS<1>(row, q + j, hd, dots);                                                   \
-        out[j][t] = dots[0] * scale;                                                     \
-      }                                                                                  \
-    }                                                                                    \
-  }
-
 const KernelTable& scalar_kernels();
 // Null when the compiler cannot target the instruction set.
 const KernelTable* avx2_kernels();

@@ -39,7 +39,9 @@ float dot_f32_avx2(const float* a, const float* b, size_t n) {
   return sum;
 }
 
-float dot_f16_f32_avx2(const uint16_t* a, const float* b, size_t n) {
+// dot_f16_f32_avx2 before its horizontal sum: the lanes whose hsum256 (then a scalar tail from
+// element *tail on) is the dot.
+inline __m256 dot_f16_f32_lanes(const uint16_t* a, const float* b, size_t n, size_t* tail) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -52,9 +54,61 @@ float dot_f16_f32_avx2(const uint16_t* a, const float* b, size_t n) {
     __m256 a0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
     acc0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(b + i), acc0);
   }
-  float sum = hsum256(_mm256_add_ps(acc0, acc1));
+  *tail = i;
+  return _mm256_add_ps(acc0, acc1);
+}
+
+float dot_f16_f32_avx2(const uint16_t* a, const float* b, size_t n) {
+  size_t i = 0;
+  float sum = hsum256(dot_f16_f32_lanes(a, b, n, &i));
   for (; i < n; ++i) sum += half(a[i]) * b[i];
   return sum;
+}
+
+// hsum256 of eight vectors at once: the same additions of the same lanes (fold 128, then lanes
+// 0+2 and 1+3, then 0+1), so each sum has hsum256's bits.
+inline void hsum256x8(const __m256 v[8], float out[8]) {
+  __m256 p[4];
+  for (int i = 0; i < 4; ++i) {  // p[i] = [v[2i] folded to 4 lanes | v[2i+1] folded]
+    p[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                         _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+  }
+  // r[i]: 128-bit lane 0 holds v[4i] and v[4i+2] folded to 2 lanes, lane 1 v[4i+1], v[4i+3].
+  __m256 r[2];
+  for (int i = 0; i < 2; ++i) {
+    r[i] = _mm256_add_ps(_mm256_shuffle_ps(p[2 * i], p[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(p[2 * i], p[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // Lane 0: v[0], v[2], v[4], v[6]; lane 1: v[1], v[3], v[5], v[7].
+  const __m256 f = _mm256_add_ps(_mm256_shuffle_ps(r[0], r[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm256_shuffle_ps(r[0], r[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, f);
+  for (int k = 0; k < 4; ++k) {
+    out[2 * k] = lanes[k];
+    out[2 * k + 1] = lanes[4 + k];
+  }
+}
+
+void scores_f16(const float* q, const uint16_t* k, size_t n, size_t hd, float scale, float* out);
+
+// Scores of eight keys at a time, their sums reduced together: the bits of one dot per key.
+void scores_f16_by_eight(const float* q, const uint16_t* k, size_t n, size_t hd, float scale,
+                         float* out) {
+  size_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    __m256 v[8];
+    size_t tail = 0;
+    for (int r = 0; r < 8; ++r) v[r] = dot_f16_f32_lanes(k + (t + r) * hd, q, hd, &tail);
+    float sums[8];
+    hsum256x8(v, sums);
+    for (int r = 0; r < 8; ++r) {
+      const uint16_t* row = k + (t + r) * hd;
+      for (size_t e = tail; e < hd; ++e) sums[r] += half(row[e]) * q[e];
+      out[t + r] = sums[r] * scale;
+    }
+  }
+  scores_f16(q, k + t * hd, n - t, hd, scale, out + t);  // the last n % 8 one at a time
 }
 
 void axpy_f32_avx2(float alpha, const float* x, float* y, size_t n) {
@@ -167,7 +221,24 @@ void dots_f16_f32(const uint16_t* a, const float* const* b, size_t n, float* out
   }
 }
 
-KVC_SCORES_F16_QUERIES(dots_f16_f32)
+// Several queries against one key row at a time, in register tiles of four queries (on AVX2
+// this beats scoring eight keys per query: the conversion of each key row is shared).
+void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, size_t n, size_t hd,
+                        float scale, float* const* out) {
+  float dots[4];
+  for (size_t t = 0; t < n; ++t) {
+    const uint16_t* row = k + t * hd;
+    size_t j = 0;
+    for (; j + 4 <= nq; j += 4) {
+      dots_f16_f32<4>(row, q + j, hd, dots);
+      for (int e = 0; e < 4; ++e) out[j + e][t] = dots[e] * scale;
+    }
+    for (; j < nq; ++j) {
+      dots_f16_f32<1>(row, q + j, hd, dots);
+      out[j][t] = dots[0] * scale;
+    }
+  }
+}
 
 // accumulate_f16 with the output held in registers across the rows, a panel of up to eight
 // 8-lane chunks at a time: each lane takes the same fused multiply-adds in row order, so the
@@ -204,7 +275,7 @@ const KernelTable* avx2_kernels() {
       axpy_f32_avx2,
       axpy_f16_avx2,
       scores_f32,
-      scores_f16,
+      scores_f16_by_eight,
       scores_f16_queries,
       accumulate_f32,
       accumulate_f16_panels,

@@ -50,7 +50,8 @@ float dot_f32_avx512(const float* a, const float* b, size_t n) {
   return hsum512(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
 }
 
-float dot_f16_f32_avx512(const uint16_t* a, const float* b, size_t n) {
+// dot_f16_f32_avx512 before its horizontal sum: the lanes whose hsum512 is the dot.
+inline __m512 dot_f16_f32_lanes(const uint16_t* a, const float* b, size_t n) {
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -64,7 +65,55 @@ float dot_f16_f32_avx512(const uint16_t* a, const float* b, size_t n) {
     const __m512 va = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, a + i));
     acc1 = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, b + i), acc1);
   }
-  return hsum512(_mm512_add_ps(acc0, acc1));
+  return _mm512_add_ps(acc0, acc1);
+}
+
+float dot_f16_f32_avx512(const uint16_t* a, const float* b, size_t n) {
+  return hsum512(dot_f16_f32_lanes(a, b, n));
+}
+
+// hsum512 of eight vectors at once: the same additions of the same lanes (fold 256, fold 128,
+// then lanes 0+2 and 1+3, then 0+1), so each sum has hsum512's bits.
+inline void hsum512x8(const __m512 v[8], float out[8]) {
+  __m512 p[4];
+  for (int i = 0; i < 4; ++i) {  // p[i] = [v[2i] folded to 8 lanes | v[2i+1] folded]
+    const __m512 lo = _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 hi = _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2));
+    p[i] = _mm512_add_ps(lo, hi);
+  }
+  __m512 q[2];
+  for (int i = 0; i < 2; ++i) {  // q[i]: v[4i..4i+3] folded to 4 lanes, one per 128-bit lane
+    const __m512 lo = _mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512 hi = _mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1));
+    q[i] = _mm512_add_ps(lo, hi);
+  }
+  // 128-bit lane k: v[k] and v[k + 4] folded to 2 lanes each, then to 1.
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(q[0], q[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(q[0], q[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(r, r, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(r, r, _MM_SHUFFLE(3, 1, 3, 1)));
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, f);
+  for (int k = 0; k < 4; ++k) {
+    out[k] = lanes[4 * k];
+    out[k + 4] = lanes[4 * k + 1];
+  }
+}
+
+void scores_f16(const float* q, const uint16_t* k, size_t n, size_t hd, float scale, float* out);
+
+// Scores of eight keys at a time, their sums reduced together: the bits of one dot per key.
+void scores_f16_by_eight(const float* q, const uint16_t* k, size_t n, size_t hd, float scale,
+                         float* out) {
+  size_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    __m512 v[8];
+    for (int r = 0; r < 8; ++r) v[r] = dot_f16_f32_lanes(k + (t + r) * hd, q, hd);
+    float sums[8];
+    hsum512x8(v, sums);
+    for (int r = 0; r < 8; ++r) out[t + r] = sums[r] * scale;
+  }
+  scores_f16(q, k + t * hd, n - t, hd, scale, out + t);  // the last n % 8 one at a time
 }
 
 void axpy_f32_avx512(float alpha, const float* x, float* y, size_t n) {
@@ -122,8 +171,6 @@ float dot_w_bf16(const void* w, const void* x, size_t n) {
   return hsum512(_mm512_add_ps(acc0, acc1));
 }
 
-// Two q8_0 blocks side by side in one register: |w| (unsigned) times x carrying w's sign,
-// summed in groups of four by VNNI.
 inline __m512i dot_i8_pair(__m512i w, __m512i x) {
   const __mmask64 negative = _mm512_movepi8_mask(w);
   const __m512i abs_w = _mm512_abs_epi8(w);
@@ -199,36 +246,12 @@ float dot_w_q4_0(const void* w, const void* x, size_t n) {
 
 KVC_ATTENTION_LOOPS(dot_f32_avx512, dot_f16_f32_avx512, axpy_f32_avx512, axpy_f16_avx512)
 
-// dot_f16_f32_avx512(a, b[j], n) for Q query rows b[j] against one f16 row a, converting a
-// once: each query's lanes take the same fused multiply-adds in the same order, so each result
-// has the same bits as the single dot.
-template <int Q>
-void dots_f16_f32(const uint16_t* a, const float* const* b, size_t n, float* out) {
-  __m512 acc0[Q], acc1[Q];
-  for (int j = 0; j < Q; ++j) acc0[j] = acc1[j] = _mm512_setzero_ps();
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const __m512 a0 = load_f16(a + i), a1 = load_f16(a + i + 16);
-    for (int j = 0; j < Q; ++j) {
-      acc0[j] = _mm512_fmadd_ps(a0, _mm512_loadu_ps(b[j] + i), acc0[j]);
-      acc1[j] = _mm512_fmadd_ps(a1, _mm512_loadu_ps(b[j] + i + 16), acc1[j]);
-    }
-  }
-  for (; i + 16 <= n; i += 16) {
-    const __m512 a0 = load_f16(a + i);
-    for (int j = 0; j < Q; ++j) acc0[j] = _mm512_fmadd_ps(a0, _mm512_loadu_ps(b[j] + i), acc0[j]);
-  }
-  if (i < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512 va = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, a + i));
-    for (int j = 0; j < Q; ++j) {
-      acc1[j] = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, b[j] + i), acc1[j]);
-    }
-  }
-  for (int j = 0; j < Q; ++j) out[j] = hsum512(_mm512_add_ps(acc0[j], acc1[j]));
+// Several queries against the same keys: each query eight keys at a time (on AVX-512 the
+// shared horizontal sums gain more than sharing each key row's conversion across queries).
+void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, size_t n, size_t hd,
+                        float scale, float* const* out) {
+  for (size_t j = 0; j < nq; ++j) scores_f16_by_eight(q[j], k, n, hd, scale, out[j]);
 }
-
-KVC_SCORES_F16_QUERIES(dots_f16_f32)
 
 // accumulate_f16 with the output held in registers across the rows, a panel of up to eight
 // 16-lane chunks at a time: each lane takes the same fused multiply-adds in row order, so the
@@ -261,7 +284,7 @@ const KernelTable* avx512_kernels() {
       axpy_f32_avx512,
       axpy_f16_avx512,
       scores_f32,
-      scores_f16,
+      scores_f16_by_eight,
       scores_f16_queries,
       accumulate_f32,
       accumulate_f16_panels,
