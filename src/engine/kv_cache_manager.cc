@@ -25,7 +25,7 @@ KvCacheManager::KvCacheManager(const kv::KvGeometry& geometry, uint64_t memory_b
   io.partial_reuse = options_.partial_reuse;
   if (tiered && t.policy == TierPolicy::kCostModel) {
     io.block_value = [this](const kv::BlockFacts& f) { return block_value(f); };
-    io.on_evict = [this](const kv::LeavingBlock& b) { return on_evict(b); };
+    io.on_evict = [this](const kv::LeavingBlock& b) { return store_reused(b, false); };
   }
   index_ = std::make_unique<kv::PrefixIndex>(*pool_, io, std::move(clock));
   tenant_cap_ = options_.tenant_pinned_max_blocks > 0
@@ -166,14 +166,17 @@ void KvCacheManager::seal(Sequence& s, bool final) {
 }
 
 void KvCacheManager::offer_write(Tier tier, const kv::Hash256& ns, const kv::Hash256& hash,
-                                 kv::BlockId block) {
+                                 kv::BlockId block, bool wait_for_room) {
   const uint8_t* data = pool_->data(block);
   kv::TierWrite w{ns, hash, static_cast<uint32_t>(pool_->geometry().block_tokens),
                   std::vector<uint8_t>(data, data + pool_->geometry().bytes_per_block())};
-  (tier == Tier::kDisk ? disk_writer_ : redis_writer_)->offer(std::move(w));
+  kv::TierWriteQueue& queue = tier == Tier::kDisk ? *disk_writer_ : *redis_writer_;
+  if (queue.offer(w) || !wait_for_room) return;
+  queue.drain();
+  queue.offer(std::move(w));
 }
 
-uint8_t KvCacheManager::on_evict(const kv::LeavingBlock& b) {
+uint8_t KvCacheManager::store_reused(const kv::LeavingBlock& b, bool wait_for_room) {
   if (b.facts.hits == 0) return b.tag;
   uint8_t tag = b.tag;
   for (const Tier tier : {Tier::kDisk, Tier::kRedis}) {
@@ -184,9 +187,19 @@ uint8_t KvCacheManager::on_evict(const kv::LeavingBlock& b) {
     if (!cost_.store_when_evicted(tier, b.facts.depth_tokens)) continue;
     cost_.count(tier, TierDecision::kStoredWhenEvicted);
     tag = with_decision(tag, tier, TierDecision::kStoredWhenEvicted);
-    offer_write(tier, b.ns, b.facts.hash, b.block);
+    offer_write(tier, b.ns, b.facts.hash, b.block, wait_for_room);
   }
   return tag;
+}
+
+KvCacheManager::~KvCacheManager() {
+  // Blocks the pool still holds that were dropped when computed but have been reused since
+  // are written as if evicted, so that a restart finds them (the writers finish before they
+  // are destroyed).
+  if (index_ && (disk_writer_ || redis_writer_) &&
+      options_.tiers.policy == TierPolicy::kCostModel) {
+    index_->visit_cached([this](const kv::LeavingBlock& b) { return store_reused(b, true); });
+  }
 }
 
 void KvCacheManager::note_returns(Sequence& s, std::span<const kv::Hash256> wanted, size_t in_tiers,

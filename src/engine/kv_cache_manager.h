@@ -93,6 +93,8 @@ class KvCacheManager : public kv::BlockSource {
   // Carves memory_bytes into blocks of geometry; throws Error if not even one fits.
   KvCacheManager(const kv::KvGeometry& geometry, uint64_t memory_bytes,
                  const KvCacheOptions& options, kv::Clock clock = kv::steady_clock_ms());
+  // Writes back the reused blocks a tier dropped (see store_reused), then finishes the writes.
+  ~KvCacheManager() override;
 
   // The cached prefix of s (all but its last token): one tree walk, remembered until the
   // index changes.
@@ -161,11 +163,13 @@ class KvCacheManager : public kv::BlockSource {
   // Whether the seal of a block at depth_tokens should store it in tier; counts why and records
   // it in tag (the block's note in the index).
   bool store_in(Tier tier, size_t depth_tokens, uint8_t& tag);
-  // The pool is evicting a block: stores it in the tiers that dropped it when it was computed if
-  // it has been reused since (and a read repays a write); returns its updated tag.
-  uint8_t on_evict(const kv::LeavingBlock& b);
-  // Copies pool block `block` into tier's write queue.
-  void offer_write(Tier tier, const kv::Hash256& ns, const kv::Hash256& hash, kv::BlockId block);
+  // A block leaving the pool (evicted, or at shutdown): stores it in the tiers that dropped it
+  // when it was computed if it has been reused since (and its reads repay a write); returns its
+  // updated tag. With wait_for_room, a full write queue is drained rather than the block lost.
+  uint8_t store_reused(const kv::LeavingBlock& b, bool wait_for_room);
+  // Copies pool block `block` into tier's write queue (waiting for room, or dropped when full).
+  void offer_write(Tier tier, const kv::Hash256& ns, const kv::Hash256& hash, kv::BlockId block,
+                   bool wait_for_room = false);
   // Passes the writers' measured processor time per block to the cost model.
   void measure_writes();
   // Counts the blocks of s's prompt wanted again (the in-pool prefix, first_token tokens long,

@@ -471,6 +471,13 @@ void PrefixIndex::lru_remove(Node* n) {
   n->in_lru = false;
 }
 
+void PrefixIndex::visit_cached(const std::function<uint8_t(const LeavingBlock&)>& fn) {
+  const double now = clock_();
+  for (Node* n : node_of_block_) {
+    if (n != nullptr) n->tag = fn({n->space->ns, n->block, facts_of(*n, now), n->tag});
+  }
+}
+
 void PrefixIndex::tag_block(BlockId block, uint8_t tag) {
   const auto i = static_cast<size_t>(block);
   if (i < node_of_block_.size() && node_of_block_[i] != nullptr) node_of_block_[i]->tag = tag;

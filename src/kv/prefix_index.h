@@ -175,6 +175,8 @@ class PrefixIndex : public BlockSource {
   // A free block, evicting the least recently used unpinned block when none is free.
   std::optional<BlockId> take_block() override;
 
+  // Calls fn for every indexed block, as if it were leaving, and keeps the note it returns.
+  void visit_cached(const std::function<uint8_t(const LeavingBlock&)>& fn);
   // Attaches the owner's one-byte note to the cached block (ignored if it is not indexed);
   // the note outlives the block in the ledger of evicted blocks.
   void tag_block(BlockId block, uint8_t tag);

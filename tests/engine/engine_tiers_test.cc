@@ -419,5 +419,37 @@ TEST(EngineTiers, AReusedBlockIsInTheDiskTierOnceThePoolEvictsIt) {
       t.cost.tier_reads_per_block, t.cost.write_ms[0], t.cost.token_ms * 16);
 }
 
+// At shutdown, blocks still in the pool that the cost model dropped when they were computed but
+// that have been reused since are written, so that a restart finds them on the disk.
+TEST(EngineTiers, AWarmRestartUnderTheCostModelFindsTheReusedBlocks) {
+  Loaded m(testing::synthetic_model_path("110m", DType::Q8_0, 2));
+  EngineOptions o = tiered(tier_dir("cost-restart"));
+  o.kv_tiers.policy = TierPolicy::kCostModel;
+  const std::vector<int32_t> reused = prompt_of(m, 66, 1);
+  std::vector<int32_t> once = prompt_of(m, 66, 2);
+  once[0] = 5;  // not even a token in common (a partial copy of a block reuses it too)
+  {
+    Engine e(*m.model, *m.tokenizer, o);
+    const kv::Hash256 ns = e.namespace_for("tenant", "");
+    complete(e, recorded(once, ns));
+    complete(e, recorded(reused, ns));
+    EXPECT_GE(complete(e, recorded(reused, ns)).stats.cached_tokens, 64u);
+    e.drain_tiers();
+    const TierCounts t = e.stats().tiers;
+    const auto& d = t.decisions[static_cast<size_t>(Tier::kDisk)];
+    // Nothing was reused when they were computed: nothing was written then.
+    EXPECT_EQ(d[static_cast<size_t>(TierDecision::kStored)], 0u);
+    EXPECT_EQ(block_files(tier_dir("cost-restart")), 0u);
+  }
+  // The reused prompt's 4 blocks were written at shutdown; the other prompt's were not.
+  EXPECT_EQ(block_files(tier_dir("cost-restart")), 4u);
+  Engine again(*m.model, *m.tokenizer, o);
+  const kv::Hash256 ns = again.namespace_for("tenant", "");
+  const Completion back = complete(again, recorded(reused, ns));
+  EXPECT_EQ(back.stats.disk_tokens, 64u) << back.stats.tier_note;
+  EXPECT_EQ(back.logits, cold_run(m, reused).logits);
+  EXPECT_EQ(complete(again, recorded(once, ns)).stats.disk_tokens, 0u);
+}
+
 }  // namespace
 }  // namespace kvc::engine
