@@ -107,7 +107,14 @@ void inspect(const std::string& path, bool all_tensors) {
 
   print_tokenizer(*file);
 
-  // A vocabulary-only file (llama.cpp's ggml-vocab-*.gguf) has no model to describe.
+  // A vocabulary-only file (llama.cpp's ggml-vocab-*.gguf) has no model to describe, whatever
+  // its architecture.
+  if (model::is_vocabulary_only(*file)) {
+    std::printf(
+        "\nmodel: none (vocabulary only: no tensors; `kvcache serve` serves it in the "
+        "tokenizer-only mode)\n");
+    return;
+  }
   std::optional<model::LlamaConfig> config;
   try {
     config = model::LlamaConfig::from_gguf(*file);

@@ -2,7 +2,9 @@
 #include <pthread.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <csignal>
+#include <cstdint>
 #include <filesystem>
 #include <sstream>
 #include <thread>
@@ -16,6 +18,7 @@
 #include "cli/model_source.h"
 #include "engine/engine.h"
 #include "kv/memory_plan.h"
+#include "model/gguf.h"
 #include "model/llama_model.h"
 #include "model/tokenizer.h"
 #include "server/chat_template.h"
@@ -48,6 +51,82 @@ struct ServeArgs {
   std::vector<std::string> served_model_names;
   server::TransportOptions transport;
 };
+
+// The server uses the backend (engine, tokenizer) until it has shut down, so it stops before
+// they go, however the scope that holds them ends.
+struct StopServerFirst {
+  server::HttpServer& http;
+  ~StopServerFirst() { http.shutdown(0); }
+};
+
+// The names the backend answers to: the file's stem, then --served-model-name.
+void name_backend(server::Backend& backend, const std::string& path, const ServeArgs& a) {
+  backend.model_id = std::filesystem::path(path).stem().string();
+  for (const auto& name : a.served_model_names) {
+    if (name.empty()) fail("--served-model-name: a name must not be empty");
+    backend.served_model_names.push_back(name);
+  }
+}
+
+// Waits for SIGINT or SIGTERM (blocked in every thread) and returns it; a second one from
+// then on ends the process at once.
+int wait_for_stop(const sigset_t& stop_signals) {
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  std::thread([stop_signals] {
+    int again = 0;
+    sigwait(&stop_signals, &again);
+    spdlog::warn("{} again: exiting without waiting for the drain", strsignal(again));
+    std::_Exit(1);
+  }).detach();
+  return signal;
+}
+
+void log_template(const std::string& note, bool warning) {
+  if (warning) {
+    spdlog::warn("{}", note);
+  } else {
+    spdlog::info("{}", note);
+  }
+}
+
+// The tokenizer-only mode, for a vocabulary-only GGUF (llama.cpp's ggml-vocab-*.gguf:
+// metadata and a tokenizer, no weights), so that a tokenizer and chat template can be checked
+// alone: no engine, no KV pool.
+void serve_tokenizer_only(const ServeArgs& a, server::HttpServer& http, int port,
+                          const gguf::File& file, const std::string& path,
+                          const sigset_t& stop_signals) {
+  const auto tokenizer = model::Tokenizer::from_gguf(file);
+  std::string template_note;
+  bool template_warning = false;
+  const server::ChatTemplate chat_template = server::ChatTemplate::for_model(
+      file, {a.chat_template, a.chat_template_file}, template_note, template_warning);
+  // max_model_len in /tokenize and /v1/models: the file's context when it names one.
+  const std::string arch = file.get_string("general.architecture", "");
+  const gguf::Value* ctx = file.find(arch + ".context_length");
+  const uint64_t context = ctx && ctx->as_u64() ? *ctx->as_u64() : 0;
+
+  spdlog::info(
+      "{} is a vocabulary-only GGUF (architecture '{}', {} tokens, no weight tensors): "
+      "tokenizer-only mode, serving /tokenize, /detokenize and /apply-template; generation "
+      "and cache endpoints answer 400",
+      path, arch, tokenizer.size());
+  log_template(template_note, template_warning);
+
+  server::Backend backend = server::Backend::tokenizer_only(
+      tokenizer, static_cast<int>(std::min<uint64_t>(context, INT32_MAX)));
+  backend.chat_template = chat_template;
+  name_backend(backend, path, a);
+  http.set_ready(backend);
+  StopServerFirst stop_server_first{http};
+  spdlog::info("ready: serving {} (tokenizer only) on http://{}:{}", backend.model_id, a.host,
+               port);
+
+  const int signal = wait_for_stop(stop_signals);
+  spdlog::info("{}: stopping", strsignal(signal));
+  http.shutdown(a.drain_seconds);
+  spdlog::info("stopped");
+}
 
 void serve(const ServeArgs& a) {
   // SIGINT and SIGTERM are taken by sigwait() below, so every thread started from here on
@@ -97,7 +176,12 @@ void serve(const ServeArgs& a) {
                port);
 
   const std::string path = resolve_model(a.model);
-  const auto model = model::LlamaModel::load(path);
+  const std::shared_ptr<const gguf::File> file = gguf::File::open(path);
+  if (model::is_vocabulary_only(*file)) {
+    serve_tokenizer_only(a, http, port, *file, path, stop_signals);
+    return;
+  }
+  const auto model = model::LlamaModel::from_file(file);
   const auto tokenizer = model::Tokenizer::from_gguf(model->file());
   const auto& config = model->config();
   std::string template_note;
@@ -134,11 +218,7 @@ void serve(const ServeArgs& a) {
   spdlog::info("{} threads, {} kernels; prefix cache {}; up to {} running, {} waiting", threads,
                kernels::isa_name(kernels::active_isa()), eo.prefix_cache ? "on" : "off",
                eo.max_running, eo.max_waiting);
-  if (template_warning) {
-    spdlog::warn("{}", template_note);
-  } else {
-    spdlog::info("{}", template_note);
-  }
+  log_template(template_note, template_warning);
   spdlog::info("sessions keep up to {} blocks each; a tenant's sessions and pins up to {} blocks",
                eo.session_max_blocks, engine.tenant_pinned_max_blocks());
   spdlog::info(
@@ -147,34 +227,16 @@ void serve(const ServeArgs& a) {
       a.transport.max_connections, a.transport.max_connections_per_client,
       a.transport.header_timeout_s, a.transport.body_timeout_s);
 
-  server::Backend backend;
-  backend.engine = &engine;
+  server::Backend backend = server::Backend::generating(engine);
   backend.chat_template = chat_template;
-  backend.model_id = std::filesystem::path(path).stem().string();
-  for (const auto& name : a.served_model_names) {
-    if (name.empty()) fail("--served-model-name: a name must not be empty");
-    backend.served_model_names.push_back(name);
-  }
+  name_backend(backend, path, a);
   http.set_ready(backend);
-  // The server uses the engine until it has shut down, so it stops before the engine goes,
-  // however this scope ends.
-  struct StopServerFirst {
-    server::HttpServer& http;
-    ~StopServerFirst() { http.shutdown(0); }
-  } stop_server_first{http};
+  StopServerFirst stop_server_first{http};
   spdlog::info("ready: serving {} on http://{}:{}", backend.model_id, a.host, port);
 
-  int signal = 0;
-  sigwait(&stop_signals, &signal);
+  const int signal = wait_for_stop(stop_signals);
   spdlog::info("{}: no new requests; draining in-flight ones for up to {} s", strsignal(signal),
                a.drain_seconds);
-  // A second signal while draining ends the process at once.
-  std::thread([stop_signals] {
-    int again = 0;
-    sigwait(&stop_signals, &again);
-    spdlog::warn("{} again: exiting without waiting for the drain", strsignal(again));
-    std::_Exit(1);
-  }).detach();
   const server::DrainReport drained = http.shutdown(a.drain_seconds);
   // The engine's "finished" counts cancelled requests too.
   const engine::EngineStats st = engine.stats();

@@ -181,4 +181,8 @@ Vocabulary Vocabulary::from_gguf(const gguf::File& file, std::string* warning) {
   return v;
 }
 
+bool is_vocabulary_only(const gguf::File& file) {
+  return file.tensors().empty() && file.find("tokenizer.ggml.model") != nullptr;
+}
+
 }  // namespace kvc::model

@@ -59,4 +59,9 @@ struct Vocabulary {
 // Texts of tokens that end generation wherever a vocabulary has them (as llama.cpp marks them).
 bool is_end_of_generation_text(std::string_view token);
 
+// Whether file is a vocabulary-only GGUF, as llama.cpp's ggml-vocab-*.gguf: a tokenizer
+// (tokenizer.ggml.model) and no tensors at all, whatever general.architecture names. A file
+// with some tensors is a model, however broken, and loading it says what is missing.
+bool is_vocabulary_only(const gguf::File& file);
+
 }  // namespace kvc::model

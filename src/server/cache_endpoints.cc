@@ -19,7 +19,7 @@ double rate(uint64_t hit, uint64_t queried) {
 }  // namespace
 
 nlohmann::json CacheEndpoints::stats(const Tenant& tenant) const {
-  const engine::Engine& engine = *backend_.engine;
+  const engine::Engine& engine = backend_.engine();
   const kv::KvGeometry& g = engine.geometry();
   const kv::NamespaceStats own = tenants_.stats(engine, tenant.name);
   // The layout is configuration, the same for everyone; counts of blocks in use are not.
@@ -69,11 +69,11 @@ nlohmann::json CacheEndpoints::stats(const Tenant& tenant) const {
 }
 
 nlohmann::json CacheEndpoints::explain(const Tenant& tenant, const nlohmann::json& body) {
+  engine::Engine& engine = backend_.engine();
   const JsonFields f(body);
   const std::string salt = parse_cache_salt(f);
   const std::vector<int32_t> tokens = prompt_tokens(backend_, body, true, "/v1/cache/explain");
   if (tokens.empty()) bad_field("prompt", "the prompt has no tokens");
-  engine::Engine& engine = *backend_.engine;
   const kv::PrefixMatch m =
       engine.explain(tenants_.namespace_of(engine, tenant.name, salt), tokens);
   return {{"prompt_tokens", tokens.size()},   {"cached_tokens", m.cached_tokens},
@@ -82,6 +82,7 @@ nlohmann::json CacheEndpoints::explain(const Tenant& tenant, const nlohmann::jso
 }
 
 nlohmann::json CacheEndpoints::pin(const Tenant& tenant, const nlohmann::json& body) {
+  engine::Engine& engine = backend_.engine();
   const JsonFields f(body);
   const auto ttl = f.number("ttl_seconds", 0.0, 30.0 * 24 * 3600);
   if (!ttl || *ttl <= 0) bad_field("ttl_seconds", "ttl_seconds must be a number above 0");
@@ -94,7 +95,6 @@ nlohmann::json CacheEndpoints::pin(const Tenant& tenant, const nlohmann::json& b
   const std::string salt = parse_cache_salt(f);
   const std::vector<int32_t> tokens = prompt_tokens(backend_, body, true, "/v1/cache/pin");
   if (tokens.empty()) bad_field("prompt", "the prompt has no tokens");
-  engine::Engine& engine = *backend_.engine;
   check_prompt_fits(tokens.size(), static_cast<size_t>(engine.model().config().context_length),
                     "prompt");
   const kv::Hash256 ns = tenants_.namespace_of(engine, target, salt);
@@ -122,13 +122,14 @@ nlohmann::json CacheEndpoints::pin(const Tenant& tenant, const nlohmann::json& b
 }
 
 nlohmann::json CacheEndpoints::flush(const std::string& body) {
+  engine::Engine& engine = backend_.engine();
   bool tiers = false;
   if (body.find_first_not_of(" \t\r\n") != std::string::npos) {
     const nlohmann::json j = parse_json_object(body);
     tiers = JsonFields(j).boolean("tiers").value_or(false);
   }
-  nlohmann::json out = {{"flushed_blocks", backend_.engine->flush_cache()}};
-  if (tiers) out["flushed_tier_blocks"] = backend_.engine->flush_tiers();
+  nlohmann::json out = {{"flushed_blocks", engine.flush_cache()}};
+  if (tiers) out["flushed_tier_blocks"] = engine.flush_tiers();
   return out;
 }
 

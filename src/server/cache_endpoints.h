@@ -1,6 +1,8 @@
 // The cache endpoints over the engine: GET /v1/cache (figures), POST /v1/cache/explain (would
 // this prompt hit, and why not), POST /v1/cache/pin (keep a prefix cached for a while, warming
 // it first) and POST /v1/cache/flush. Callers authenticate first; pin and flush are for admins.
+// In the tokenizer-only mode (no engine) each refuses with Backend::engine()'s 400 before
+// reading the request.
 //
 // A tenant sees only its own figures; the pool's and every tenant's together (which move when
 // other tenants' requests run, and so would tell one tenant about another's) are for admins.

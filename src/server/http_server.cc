@@ -259,12 +259,14 @@ DrainReport HttpServer::shutdown(double drain_seconds) {
   state_ = State::kDraining;
   // Idle keep-alive connections close now, the others after their current response.
   svr_->stop_connections();
+  // In the tokenizer-only mode there is no engine: no generation can be in flight.
+  const bool generating = backend_ && backend_->generates();
   engine::EngineStats before;
-  if (backend_) {
-    before = backend_->engine->stats();
+  if (generating) {
+    before = backend_->engine().stats();
     // The engine refuses new requests from here on, and returns once its requests finished
     // or, at the deadline, were cancelled.
-    backend_->engine->shutdown(drain_seconds * 1000.0);
+    backend_->engine().shutdown(drain_seconds * 1000.0);
   }
   {
     // What remains is writing the last chunks of each response: every generation has ended.
@@ -277,8 +279,8 @@ DrainReport HttpServer::shutdown(double drain_seconds) {
   // Only now: cpp-httplib ends every open stream as soon as the listener stops.
   svr_->stop();
   thread_.join();
-  if (backend_) {
-    const engine::EngineStats after = backend_->engine->stats();
+  if (generating) {
+    const engine::EngineStats after = backend_->engine().stats();
     report.cancelled = after.cancelled - before.cancelled;
     report.completed = (after.finished - before.finished) - report.cancelled;
   }
@@ -340,7 +342,6 @@ void HttpServer::health(httplib::Response& res) const {
 
 void HttpServer::models(httplib::Response& res) const {
   const Backend& b = backend();
-  const auto& config = b.engine->model().config();
   nlohmann::json data = nlohmann::json::array();
   for (const auto& name : b.model_names()) {
     data.push_back({{"id", name},
@@ -348,7 +349,7 @@ void HttpServer::models(httplib::Response& res) const {
                     {"created", started_at_},
                     {"owned_by", "kvcache"},
                     {"root", b.model_id},
-                    {"max_model_len", config.context_length}});
+                    {"max_model_len", b.context_length()}});
   }
   send_json(res, 200, {{"object", "list"}, {"data", data}});
 }
@@ -357,8 +358,8 @@ void HttpServer::completions(const httplib::Request& req, httplib::Response& res
                              bool chat) {
   const Tenant tenant = authenticate(req, false);
   const Backend& b = backend();
+  engine::Engine& engine = b.engine();
   const CompletionRequest r = parse_completion_request(body, chat);
-  engine::Engine& engine = *b.engine;
   ResponseShape shape;
   shape.model = resolve_model(b, r.model);
   std::vector<engine::Request> requests =
@@ -408,15 +409,13 @@ void HttpServer::tokenize(const httplib::Request& req, httplib::Response& res, c
   nlohmann::json tokens = nlohmann::json::array();
   for (int32_t id : ids) {
     if (with_pieces) {
-      tokens.push_back({{"id", id}, {"piece", b.engine->tokenizer().piece(id)}});
+      tokens.push_back({{"id", id}, {"piece", b.tokenizer().piece(id)}});
     } else {
       tokens.push_back(id);
     }
   }
   send_json(res, 200,
-            {{"tokens", tokens},
-             {"count", ids.size()},
-             {"max_model_len", b.engine->model().config().context_length}});
+            {{"tokens", tokens}, {"count", ids.size()}, {"max_model_len", b.context_length()}});
 }
 
 void HttpServer::detokenize(const httplib::Request& req, httplib::Response& res, const Body& text) {
@@ -426,9 +425,9 @@ void HttpServer::detokenize(const httplib::Request& req, httplib::Response& res,
   const auto* tokens = JsonFields(body).raw("tokens");
   if (!tokens || !tokens->is_array()) bad_field("tokens", "tokens must be an array of token ids");
   const std::vector<int32_t> ids =
-      encode_prompt(PromptInput{std::nullopt, parse_token_ids(*tokens, "tokens")},
-                    b.engine->tokenizer(), false, "tokens");
-  send_json(res, 200, {{"content", b.engine->tokenizer().decode(ids)}});
+      encode_prompt(PromptInput{std::nullopt, parse_token_ids(*tokens, "tokens")}, b.tokenizer(),
+                    false, "tokens");
+  send_json(res, 200, {{"content", b.tokenizer().decode(ids)}});
 }
 
 void HttpServer::apply_template(const httplib::Request& req, httplib::Response& res,
@@ -454,7 +453,9 @@ void HttpServer::metrics(const httplib::Request& req, httplib::Response& res) {
     responses = responses_;
   }
   res.status = 200;
-  res.set_content(render_metrics(*b.engine, b.model_id, tenants_.for_metrics(), responses),
+  res.set_content(b.generates()
+                      ? render_metrics(b.engine(), b.model_id, tenants_.for_metrics(), responses)
+                      : render_tokenizer_only_metrics(b.model_id, responses),
                   kPrometheusContentType);
 }
 

@@ -34,6 +34,14 @@ std::string format_value(double v) {
   return fmt::format("{}", v);
 }
 
+void http_responses_family(PrometheusText& p, const std::map<int, uint64_t>& http_responses) {
+  p.family("kvcache_http_responses_total", "counter", "HTTP responses by status code.");
+  for (const auto& [code, n] : http_responses) {
+    p.sample("kvcache_http_responses_total", {{"code", std::to_string(code)}},
+             static_cast<double>(n));
+  }
+}
+
 }  // namespace
 
 void PrometheusText::family(const std::string& name, const std::string& type,
@@ -265,10 +273,7 @@ std::string render_metrics(const engine::Engine& engine, const std::string& mode
   p.family("kvcache_generation_tokens_total", "counter", "Tokens generated.");
   p.sample("kvcache_generation_tokens_total", {}, d(st.generated_tokens));
 
-  p.family("kvcache_http_responses_total", "counter", "HTTP responses by status code.");
-  for (const auto& [code, n] : http_responses) {
-    p.sample("kvcache_http_responses_total", {{"code", std::to_string(code)}}, d(n));
-  }
+  http_responses_family(p, http_responses);
 
   p.histogram("kvcache_time_to_first_token_seconds", "Time from submission to the first token.",
               engine.ttft_histogram().snapshot(), 1e-3);
@@ -278,6 +283,15 @@ std::string render_metrics(const engine::Engine& engine, const std::string& mode
               engine.e2e_histogram().snapshot(), 1e-3);
   p.histogram("kvcache_request_queue_time_seconds", "Time from submission to admission.",
               engine.queue_histogram().snapshot(), 1e-3);
+  return p.text();
+}
+
+std::string render_tokenizer_only_metrics(const std::string& model_id,
+                                          const std::map<int, uint64_t>& http_responses) {
+  PrometheusText p;
+  p.family("kvcache_info", "gauge", "The served model and KV layout (value is always 1).");
+  p.sample("kvcache_info", {{"model", model_id}, {"mode", "tokenizer-only"}}, 1);
+  http_responses_family(p, http_responses);
   return p.text();
 }
 

@@ -45,6 +45,11 @@ std::string render_metrics(const engine::Engine& engine, const std::string& mode
                            const std::vector<TenantNamespaces>& tenants,
                            const std::map<int, uint64_t>& http_responses);
 
+// /metrics in the tokenizer-only mode, where there is no engine: kvcache_info (with
+// mode="tokenizer-only") and HTTP responses by status.
+std::string render_tokenizer_only_metrics(const std::string& model_id,
+                                          const std::map<int, uint64_t>& http_responses);
+
 // The Content-Type of the text format.
 inline constexpr const char* kPrometheusContentType = "text/plain; version=0.0.4; charset=utf-8";
 

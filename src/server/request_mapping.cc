@@ -48,7 +48,7 @@ void check_prompt_fits(size_t prompt_tokens, size_t context, const std::string& 
 
 std::vector<int32_t> prompt_tokens(const Backend& b, const nlohmann::json& body, bool add_special,
                                    const std::string& what) {
-  const model::Tokenizer& tokenizer = b.engine->tokenizer();
+  const model::Tokenizer& tokenizer = b.tokenizer();
   const JsonFields f(body);
   if (const auto* m = f.raw("messages"))
     return b.chat_template.apply(parse_messages(*m), tokenizer);
@@ -69,9 +69,9 @@ std::string render_chat_prompt(const Backend& b, const std::vector<ChatMessage>&
 
 std::vector<engine::Request> map_completion(const CompletionRequest& r, const Backend& b,
                                             const std::string& tenant, const kv::Hash256& ns) {
-  const engine::Engine& engine = *b.engine;
-  const model::Tokenizer& tokenizer = engine.tokenizer();
-  const size_t context = static_cast<size_t>(engine.model().config().context_length);
+  const engine::Engine& engine = b.engine();
+  const model::Tokenizer& tokenizer = b.tokenizer();
+  const size_t context = static_cast<size_t>(b.context_length());
 
   engine::GenerationOptions o;
   o.stop = r.stop;

@@ -143,12 +143,19 @@ TEST(Cli, InspectReadsAVocabularyOnlyFile) {
                     "llama.cpp's vocabulary-only GGUFs";
   }
   const std::string path = std::string(root) + "/vocab/gpt-2.gguf";
-  const Result r = kvcache("inspect " + path);
+  Result r = kvcache("inspect " + path);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("tokenizer: gpt2, "));
   EXPECT_THAT(r.out, HasSubstr("byte-level BPE, pre-tokenizer gpt-2"));
   EXPECT_THAT(r.out, HasSubstr("end of gen     50256 '<|endoftext|>'"));
-  EXPECT_THAT(r.out, HasSubstr("model: none"));
+  EXPECT_THAT(r.out, HasSubstr("model: none (vocabulary only: no tensors"));
+  // An architecture kvcache does not run is no obstacle: there is no model to describe.
+  r = kvcache("inspect " + std::string(root) + "/vocab/phi-3.gguf");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"phi3\""));
+  EXPECT_THAT(r.out, HasSubstr("tensors: 0, 0 B"));
+  EXPECT_THAT(r.out, HasSubstr("tokenizer: llama, 32064 tokens"));
+  EXPECT_THAT(r.out, HasSubstr("model: none (vocabulary only: no tensors"));
 }
 
 TEST(Cli, MakeModelWritesALoadableFileWithProgress) {
@@ -245,58 +252,130 @@ TEST(Cli, ServeRefusesBadFlagsBeforeListening) {
   EXPECT_THAT(r.err, ::testing::Not(HasSubstr("listening")));
 }
 
+// `kvcache serve` as a child process with its stderr in a scratch file: started on any free
+// port, ready once /health answers 200, stopped with SIGTERM.
+class ServeProcess {
+ public:
+  explicit ServeProcess(std::vector<std::string> serve_args)
+      : err_((testing::scratch_dir() / "serve.stderr").string()) {
+    posix_spawn_file_actions_t files;
+    posix_spawn_file_actions_init(&files);
+    posix_spawn_file_actions_addopen(&files, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&files, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    std::vector<std::string> args = {KVCACHE_BINARY, "serve", "--port", "0"};
+    args.insert(args.end(), serve_args.begin(), serve_args.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, KVCACHE_BINARY, &files, nullptr, argv.data(), environ) != 0) pid_ = 0;
+    posix_spawn_file_actions_destroy(&files);
+  }
+  ~ServeProcess() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  ServeProcess(const ServeProcess&) = delete;
+  ServeProcess& operator=(const ServeProcess&) = delete;
+
+  // The port once the log names it, or 0 after 60 s (or when the spawn failed).
+  int port() {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    // --port 0 takes any free port; the log says which.
+    const std::string listening = "listening on http://127.0.0.1:";
+    while (pid_ > 0 && port_ == 0 && std::chrono::steady_clock::now() < deadline) {
+      const std::string log = this->log();
+      if (const size_t at = log.find(listening); at != std::string::npos) {
+        port_ = std::atoi(log.c_str() + at + listening.size());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return port_;
+  }
+  // The last /health status within 60 s: 200 once the model is loaded.
+  int health(httplib::Client& client) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    int health = 0;
+    while (health != 200 && std::chrono::steady_clock::now() < deadline) {
+      if (auto r = client.Get("/health")) health = r->status;
+      if (health != 200) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return health;
+  }
+  // Sends SIGTERM and returns the exit status, or -1 when the process did not exit within
+  // 10 s (it is then killed).
+  int terminate() {
+    if (kill(pid_, SIGTERM) != 0) return -1;
+    int status = -1;
+    for (int i = 0; i < 500 && waitpid(pid_, &status, WNOHANG) == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (!WIFEXITED(status)) return -1;
+    exited_ = true;
+    return WEXITSTATUS(status);
+  }
+  std::string log() const { return slurp(err_); }
+
+ private:
+  std::string err_;
+  pid_t pid_ = 0;
+  int port_ = 0;
+  bool exited_ = false;
+};
+
 TEST(Cli, ServeAnswersHealthAndDrainsOnSigterm) {
   const std::string model = testing::synthetic_model_path("tiny", DType::F32);
-  const std::string err = (testing::scratch_dir() / "serve.stderr").string();
-  posix_spawn_file_actions_t files;
-  posix_spawn_file_actions_init(&files);
-  posix_spawn_file_actions_addopen(&files, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&files, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  std::vector<std::string> args = {KVCACHE_BINARY,    "serve", "-m",        model,
-                                   "--port",          "0",     "--threads", "1",
-                                   "--drain-seconds", "5"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, KVCACHE_BINARY, &files, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&files);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  // --port 0 takes any free port; the log says which.
-  int port = 0;
-  const std::string listening = "listening on http://127.0.0.1:";
-  while (port == 0 && std::chrono::steady_clock::now() < deadline) {
-    const std::string log = slurp(err);
-    if (const size_t at = log.find(listening); at != std::string::npos) {
-      port = std::atoi(log.c_str() + at + listening.size());
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_GT(port, 0) << slurp(err);
+  ServeProcess serve({"-m", model, "--threads", "1", "--drain-seconds", "5"});
+  const int port = serve.port();
+  ASSERT_GT(port, 0) << serve.log();
   httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(std::chrono::seconds(30));
-  int health = 0;
-  while (health != 200 && std::chrono::steady_clock::now() < deadline) {
-    if (auto r = client.Get("/health")) health = r->status;
-    if (health != 200) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  EXPECT_EQ(health, 200) << slurp(err);
+  EXPECT_EQ(serve.health(client), 200) << serve.log();
   auto r =
       client.Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 3})", "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
-  ASSERT_EQ(kill(pid, SIGTERM), 0);
-  int status = -1;
-  for (int i = 0; i < 500 && waitpid(pid, &status, WNOHANG) == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  if (!WIFEXITED(status)) kill(pid, SIGKILL);
-  ASSERT_TRUE(WIFEXITED(status)) << slurp(err);
-  EXPECT_EQ(WEXITSTATUS(status), 0) << slurp(err);
-  const std::string log = slurp(err);
+  EXPECT_EQ(serve.terminate(), 0) << serve.log();
+  const std::string log = serve.log();
   EXPECT_THAT(log, HasSubstr("KV cache: f16, 16-token blocks"));
   EXPECT_THAT(log, HasSubstr("draining"));
   EXPECT_THAT(log, HasSubstr("stopped: 1 requests completed, 0 cancelled"));
+}
+
+// A vocabulary-only GGUF of an architecture kvcache does not run is served in the
+// tokenizer-only mode: the log says so, the tokenizer answers, generation gets a clear 400.
+TEST(Cli, ServeStartsAVocabularyOnlyFileInTheTokenizerOnlyMode) {
+  const char* root = std::getenv("KVCACHE_TESTDATA");
+  if (root == nullptr || *root == '\0') {
+    GTEST_SKIP() << "KVCACHE_TESTDATA not set: point it at shared/testdata to serve llama.cpp's "
+                    "vocabulary-only GGUFs";
+  }
+  ServeProcess serve({"-m", std::string(root) + "/vocab/gpt-2.gguf"});
+  const int port = serve.port();
+  ASSERT_GT(port, 0) << serve.log();
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(std::chrono::seconds(30));
+  EXPECT_EQ(serve.health(client), 200) << serve.log();
+  auto r = client.Post("/tokenize", R"({"prompt": "ied 4 ½ months", "add_special": false})",
+                       "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  const auto tokens = nlohmann::json::parse(r->body);
+  // llama.cpp's first gpt-2 pair; max_model_len is the file's gpt2.context_length.
+  EXPECT_EQ(tokens["tokens"], nlohmann::json({798, 604, 25208, 1933}));
+  EXPECT_EQ(tokens["max_model_len"], 1024);
+  r = client.Post("/v1/completions", R"({"prompt": "hi"})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_THAT(r->body, HasSubstr("gpt-2 is a vocabulary-only GGUF (no weights): only /tokenize, "
+                                 "/detokenize and /apply-template are served"));
+  EXPECT_EQ(serve.terminate(), 0) << serve.log();
+  const std::string log = serve.log();
+  EXPECT_THAT(log, HasSubstr("is a vocabulary-only GGUF (architecture 'gpt2', 50257 tokens, no "
+                             "weight tensors): tokenizer-only mode"));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("KV cache")));
+  EXPECT_THAT(log, HasSubstr("stopped"));
 }
 
 // `kvcache perplexity`: figures on stdout (or --json), progress on stderr, clear errors.

@@ -278,8 +278,7 @@ TEST(HttpDefects, NonAdminCacheStatsShowOnlyTheTenantsOwnFigures) {
 // Defect 12: fields that used to be accepted and ignored.
 TEST(HttpDefects, ModelNamesToolFieldsAndBothMaxTokensAreChecked) {
   TestServer s(tiny_model(), TestServer::default_engine(), {}, false);
-  Backend b;
-  b.engine = s.engine.get();
+  Backend b = Backend::generating(*s.engine);
   b.model_id = "test-model";
   b.served_model_names = {"alias-1", "alias-2"};
   s.http->set_ready(b);

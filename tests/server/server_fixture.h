@@ -1,4 +1,5 @@
-// A kvcache HTTP server on a free loopback port, started in-process over a loaded model, and
+// A kvcache HTTP server on a free loopback port, started in-process over a loaded model (or,
+// in the tokenizer-only mode, over a vocabulary-only GGUF), and
 // the client-side helpers the server tests share: JSON requests, SSE streams read as they
 // arrive, and a Prometheus text-format parser.
 #pragma once
@@ -8,6 +9,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -18,8 +20,10 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "model/gguf.h"
 #include "model/llama_model.h"
 #include "model/tokenizer.h"
+#include "server/chat_template.h"
 #include "server/http_server.h"
 #include "test_models.h"
 
@@ -28,9 +32,9 @@ namespace kvc::server::testing {
 using nlohmann::json;
 
 struct TestServer {
-  std::unique_ptr<model::LlamaModel> model;
+  std::unique_ptr<model::LlamaModel> model;  // null in the tokenizer-only mode
   std::unique_ptr<model::Tokenizer> tokenizer;
-  std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<engine::Engine> engine;  // null in the tokenizer-only mode
   std::unique_ptr<HttpServer> http;
   int port = 0;
 
@@ -45,15 +49,34 @@ struct TestServer {
     port = http->start();
     if (ready) make_ready();
   }
+  // A ready server in the tokenizer-only mode over the vocabulary-only GGUF at path, with the
+  // file's own chat template (else chatml) as `kvcache serve` picks it, the file's stem as the
+  // model id, and context_length as max_model_len.
+  static std::unique_ptr<TestServer> tokenizer_only(const std::string& path, int context_length) {
+    std::unique_ptr<TestServer> s(new TestServer());
+    const auto file = gguf::File::open(path);
+    s->tokenizer = std::make_unique<model::Tokenizer>(model::Tokenizer::from_gguf(*file));
+    Backend b = Backend::tokenizer_only(*s->tokenizer, context_length);
+    std::string note;
+    bool warning = false;
+    b.chat_template = ChatTemplate::for_model(*file, ChatTemplateFlags{}, note, warning);
+    b.model_id = std::filesystem::path(path).stem().string();
+    ServerOptions so;
+    so.port = 0;
+    s->http = std::make_unique<HttpServer>(so);
+    s->port = s->http->start();
+    s->http->set_ready(b);
+    return s;
+  }
+
   ~TestServer() {
-    http->shutdown(0);
+    if (http) http->shutdown(0);
     http.reset();
     engine.reset();
   }
 
   void make_ready() {
-    Backend b;
-    b.engine = engine.get();
+    Backend b = Backend::generating(*engine);
     b.model_id = "test-model";
     http->set_ready(b);
   }
@@ -71,6 +94,9 @@ struct TestServer {
     c.set_write_timeout(std::chrono::seconds(10));
     return c;
   }
+
+ private:
+  TestServer() = default;  // for tokenizer_only()
 };
 
 struct Reply {
