@@ -90,27 +90,6 @@ inline void hsum256x8(const __m256 v[8], float out[8]) {
   }
 }
 
-void scores_f16(const float* q, const uint16_t* k, size_t n, size_t hd, float scale, float* out);
-
-// Scores of eight keys at a time, their sums reduced together: the bits of one dot per key.
-void scores_f16_by_eight(const float* q, const uint16_t* k, size_t n, size_t hd, float scale,
-                         float* out) {
-  size_t t = 0;
-  for (; t + 8 <= n; t += 8) {
-    __m256 v[8];
-    size_t tail = 0;
-    for (int r = 0; r < 8; ++r) v[r] = dot_f16_f32_lanes(k + (t + r) * hd, q, hd, &tail);
-    float sums[8];
-    hsum256x8(v, sums);
-    for (int r = 0; r < 8; ++r) {
-      const uint16_t* row = k + (t + r) * hd;
-      for (size_t e = tail; e < hd; ++e) sums[r] += half(row[e]) * q[e];
-      out[t + r] = sums[r] * scale;
-    }
-  }
-  scores_f16(q, k + t * hd, n - t, hd, scale, out + t);  // the last n % 8 one at a time
-}
-
 void axpy_f32_avx2(float alpha, const float* x, float* y, size_t n) {
   const __m256 va = _mm256_set1_ps(alpha);
   size_t i = 0;
@@ -240,30 +219,24 @@ void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, siz
   }
 }
 
-// accumulate_f16 with the output held in registers across the rows, a panel of up to eight
-// 8-lane chunks at a time: each lane takes the same fused multiply-adds in row order, so the
-// bits are those of the row-by-row loop, without a load and a store of out per row.
-void accumulate_f16_panels(const float* p, const uint16_t* v, size_t n, size_t hd, float* out) {
-  if (hd % 8 != 0) {
-    accumulate_f16(p, v, n, hd, out);
-    return;
+// The 8-float vectors attention_lanes.h is written over.
+struct Lanes {
+  using Vec = __m256;
+  static constexpr size_t kWidth = 8;
+  static Vec load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+  static Vec set1(float x) { return _mm256_set1_ps(x); }
+  static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static Vec load_f16(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-  for (size_t c0 = 0; c0 < hd; c0 += 64) {
-    const size_t chunks = std::min<size_t>(8, (hd - c0) / 8);
-    __m256 o[8];
-    for (size_t c = 0; c < chunks; ++c) o[c] = _mm256_loadu_ps(out + c0 + 8 * c);
-    for (size_t t = 0; t < n; ++t) {
-      const __m256 a = _mm256_set1_ps(p[t]);
-      const uint16_t* row = v + t * hd + c0;
-      for (size_t c = 0; c < chunks; ++c) {
-        const __m256 x =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 8 * c)));
-        o[c] = _mm256_fmadd_ps(a, x, o[c]);
-      }
-    }
-    for (size_t c = 0; c < chunks; ++c) _mm256_storeu_ps(out + c0 + 8 * c, o[c]);
+  static Vec dot_f16(const uint16_t* a, const float* b, size_t n, size_t* tail) {
+    return dot_f16_f32_lanes(a, b, n, tail);
   }
-}
+  static void hsum8(const Vec v[8], float out[8]) { hsum256x8(v, out); }
+};
+
+#include "base/attention_lanes.h"
 
 }  // namespace
 
@@ -275,10 +248,10 @@ const KernelTable* avx2_kernels() {
       axpy_f32_avx2,
       axpy_f16_avx2,
       scores_f32,
-      scores_f16_by_eight,
+      scores_f16_by_eight<Lanes>,
       scores_f16_queries,
       accumulate_f32,
-      accumulate_f16_panels,
+      accumulate_f16_panels<Lanes>,
   };
   return &table;
 }

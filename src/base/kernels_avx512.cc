@@ -100,22 +100,6 @@ inline void hsum512x8(const __m512 v[8], float out[8]) {
   }
 }
 
-void scores_f16(const float* q, const uint16_t* k, size_t n, size_t hd, float scale, float* out);
-
-// Scores of eight keys at a time, their sums reduced together: the bits of one dot per key.
-void scores_f16_by_eight(const float* q, const uint16_t* k, size_t n, size_t hd, float scale,
-                         float* out) {
-  size_t t = 0;
-  for (; t + 8 <= n; t += 8) {
-    __m512 v[8];
-    for (int r = 0; r < 8; ++r) v[r] = dot_f16_f32_lanes(k + (t + r) * hd, q, hd);
-    float sums[8];
-    hsum512x8(v, sums);
-    for (int r = 0; r < 8; ++r) out[t + r] = sums[r] * scale;
-  }
-  scores_f16(q, k + t * hd, n - t, hd, scale, out + t);  // the last n % 8 one at a time
-}
-
 void axpy_f32_avx512(float alpha, const float* x, float* y, size_t n) {
   const __m512 va = _mm512_set1_ps(alpha);
   size_t i = 0;
@@ -246,32 +230,28 @@ float dot_w_q4_0(const void* w, const void* x, size_t n) {
 
 KVC_ATTENTION_LOOPS(dot_f32_avx512, dot_f16_f32_avx512, axpy_f32_avx512, axpy_f16_avx512)
 
+// The 16-float vectors attention_lanes.h is written over.
+struct Lanes {
+  using Vec = __m512;
+  static constexpr size_t kWidth = 16;
+  static Vec load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+  static Vec set1(float x) { return _mm512_set1_ps(x); }
+  static Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static Vec load_f16(const uint16_t* p) { return ::kvc::kernels::load_f16(p); }
+  static Vec dot_f16(const uint16_t* a, const float* b, size_t n, size_t*) {
+    return dot_f16_f32_lanes(a, b, n);  // no scalar tail: masked lanes take the rest
+  }
+  static void hsum8(const Vec v[8], float out[8]) { hsum512x8(v, out); }
+};
+
+#include "base/attention_lanes.h"
+
 // Several queries against the same keys: each query eight keys at a time (on AVX-512 the
 // shared horizontal sums gain more than sharing each key row's conversion across queries).
 void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, size_t n, size_t hd,
                         float scale, float* const* out) {
-  for (size_t j = 0; j < nq; ++j) scores_f16_by_eight(q[j], k, n, hd, scale, out[j]);
-}
-
-// accumulate_f16 with the output held in registers across the rows, a panel of up to eight
-// 16-lane chunks at a time: each lane takes the same fused multiply-adds in row order, so the
-// bits are those of the row-by-row loop, without a load and a store of out per row.
-void accumulate_f16_panels(const float* p, const uint16_t* v, size_t n, size_t hd, float* out) {
-  if (hd % 16 != 0) {
-    accumulate_f16(p, v, n, hd, out);
-    return;
-  }
-  for (size_t c0 = 0; c0 < hd; c0 += 128) {
-    const size_t chunks = std::min<size_t>(8, (hd - c0) / 16);
-    __m512 o[8];
-    for (size_t c = 0; c < chunks; ++c) o[c] = _mm512_loadu_ps(out + c0 + 16 * c);
-    for (size_t t = 0; t < n; ++t) {
-      const __m512 a = _mm512_set1_ps(p[t]);
-      const uint16_t* row = v + t * hd + c0;
-      for (size_t c = 0; c < chunks; ++c) o[c] = _mm512_fmadd_ps(a, load_f16(row + 16 * c), o[c]);
-    }
-    for (size_t c = 0; c < chunks; ++c) _mm512_storeu_ps(out + c0 + 16 * c, o[c]);
-  }
+  for (size_t j = 0; j < nq; ++j) scores_f16_by_eight<Lanes>(q[j], k, n, hd, scale, out[j]);
 }
 
 }  // namespace
@@ -284,10 +264,10 @@ const KernelTable* avx512_kernels() {
       axpy_f32_avx512,
       axpy_f16_avx512,
       scores_f32,
-      scores_f16_by_eight,
+      scores_f16_by_eight<Lanes>,
       scores_f16_queries,
       accumulate_f32,
-      accumulate_f16_panels,
+      accumulate_f16_panels<Lanes>,
   };
   return &table;
 }

@@ -1,0 +1,55 @@
+// Attention's blocked loops, written once over an instruction set's vectors (internal to base/).
+//
+// Included by kernels_avx2.cc and kernels_avx512.cc after their attention loops, inside their
+// target pragma and anonymous namespace, like simd_reduce.h, and instantiated over each one's
+// Lanes: a vector type Vec of kWidth floats with load, store, set1, fma and load_f16; dot_f16,
+// the lanes of its single-row f16 dot before the horizontal sum (and where its scalar tail
+// starts); and hsum8, eight such sums reduced together in hsum's own lane order. Each loop
+// keeps the bits of the row-at-a-time loop it replaces. It includes nothing itself.
+#pragma once
+
+// accumulate_f16 with out held in registers across the n rows, a panel of up to eight vectors
+// at a time: each lane takes the same fused multiply-adds in row order, so the bits are those
+// of the row-by-row loop, without a load and a store of out per row.
+template <class Lanes>
+void accumulate_f16_panels(const float* p, const uint16_t* v, size_t n, size_t hd, float* out) {
+  constexpr size_t kWidth = Lanes::kWidth;
+  if (hd % kWidth != 0) {
+    accumulate_f16(p, v, n, hd, out);
+    return;
+  }
+  for (size_t c0 = 0; c0 < hd; c0 += 8 * kWidth) {
+    const size_t chunks = std::min<size_t>(8, (hd - c0) / kWidth);
+    typename Lanes::Vec o[8];
+    for (size_t c = 0; c < chunks; ++c) o[c] = Lanes::load(out + c0 + kWidth * c);
+    for (size_t t = 0; t < n; ++t) {
+      const typename Lanes::Vec a = Lanes::set1(p[t]);
+      const uint16_t* row = v + t * hd + c0;
+      for (size_t c = 0; c < chunks; ++c) {
+        o[c] = Lanes::fma(a, Lanes::load_f16(row + kWidth * c), o[c]);
+      }
+    }
+    for (size_t c = 0; c < chunks; ++c) Lanes::store(out + c0 + kWidth * c, o[c]);
+  }
+}
+
+// Scores of eight keys at a time, their horizontal sums reduced together: the bits of one dot
+// per key (the vector lanes, their sum, then the scalar tail, then the scale).
+template <class Lanes>
+void scores_f16_by_eight(const float* q, const uint16_t* k, size_t n, size_t hd, float scale,
+                         float* out) {
+  size_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    typename Lanes::Vec v[8];
+    size_t tail = hd;
+    for (int r = 0; r < 8; ++r) v[r] = Lanes::dot_f16(k + (t + r) * hd, q, hd, &tail);
+    float sums[8];
+    Lanes::hsum8(v, sums);
+    for (int r = 0; r < 8; ++r) {
+      const uint16_t* row = k + (t + r) * hd;
+      for (size_t e = tail; e < hd; ++e) sums[r] += half(row[e]) * q[e];
+      out[t + r] = sums[r] * scale;
+    }
+  }
+  scores_f16(q, k + t * hd, n - t, hd, scale, out + t);  // the last n % 8 one at a time
+}
