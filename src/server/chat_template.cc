@@ -230,8 +230,11 @@ std::vector<ChatTemplate::Part> ChatTemplate::parts(const std::vector<ChatMessag
 }
 
 std::vector<int32_t> ChatTemplate::apply(const std::vector<ChatMessage>& messages,
-                                         const model::Tokenizer& tokenizer) const {
-  if (format_ == ChatFormat::kJinja) return tokenize(render(messages, true), tokenizer);
+                                         const model::Tokenizer& tokenizer,
+                                         bool add_generation_prompt) const {
+  if (format_ == ChatFormat::kJinja) {
+    return tokenize(render(messages, add_generation_prompt), tokenizer);
+  }
   std::vector<int32_t> ids;
   if (tokenizer.add_bos() && tokenizer.bos_id() >= 0) ids.push_back(tokenizer.bos_id());
   // Text runs between markers the vocabulary has are encoded one run at a time, as
@@ -243,7 +246,7 @@ std::vector<int32_t> ChatTemplate::apply(const std::vector<ChatMessage>& message
     ids.insert(ids.end(), t.begin(), t.end());
     run.clear();
   };
-  for (const Part& part : parts(messages, true)) {
+  for (const Part& part : parts(messages, add_generation_prompt)) {
     const std::optional<int32_t> id = part.special ? tokenizer.find(part.text) : std::nullopt;
     if (id) {
       flush();

@@ -86,9 +86,11 @@ class ChatTemplate {
   // "llama-2", "chatml", "llama-3", "zephyr", or for Jinja where it came from.
   std::string name() const;
 
-  // Token ids of messages followed by the opening of the assistant's turn (see the top).
+  // Token ids of messages followed, with add_generation_prompt, by the opening of the
+  // assistant's turn (see the top).
   std::vector<int32_t> apply(const std::vector<ChatMessage>& messages,
-                             const model::Tokenizer& tokenizer) const;
+                             const model::Tokenizer& tokenizer,
+                             bool add_generation_prompt = true) const;
   // The prompt as text (special markers spelled out), with the assistant's opening when
   // add_generation_prompt; extra adds variables (tools, documents, ...) for Jinja templates.
   std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true,

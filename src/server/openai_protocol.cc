@@ -260,6 +260,7 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     const auto* m = f.raw("messages");
     if (!m) bad_field("messages", "messages is required");
     r.messages = parse_messages(*m);
+    r.add_generation_prompt = f.boolean("add_generation_prompt").value_or(true);
   } else {
     const auto* p = f.raw("prompt");
     if (!p) bad_field("prompt", "prompt is required");
@@ -344,16 +345,11 @@ nlohmann::json miss_json(const kv::MissReason& miss, double now_ms) {
 
 nlohmann::json kvcache_json(const engine::RequestStats& s, double now_ms) {
   const auto ms = [](double v) { return std::round(v * 1000.0) / 1000.0; };
-  return {{"prompt_tokens", s.prompt_tokens},
-          {"cached_tokens", s.cached_tokens},
-          {"disk_tokens", s.disk_tokens},
-          {"redis_tokens", s.redis_tokens},
-          {"tier_note", s.tier_note},
-          {"miss", miss_json(s.miss, now_ms)},
-          {"queue_ms", ms(s.queue_ms)},
-          {"ttft_ms", ms(s.ttft_ms)},
-          {"tpot_ms", ms(s.tpot_ms)},
-          {"e2e_ms", ms(s.e2e_ms)},
+  return {{"prompt_tokens", s.prompt_tokens}, {"cached_tokens", s.cached_tokens},
+          {"disk_tokens", s.disk_tokens},     {"redis_tokens", s.redis_tokens},
+          {"tier_note", s.tier_note},         {"miss", miss_json(s.miss, now_ms)},
+          {"queue_ms", ms(s.queue_ms)},       {"ttft_ms", ms(s.ttft_ms)},
+          {"tpot_ms", ms(s.tpot_ms)},         {"e2e_ms", ms(s.e2e_ms)},
           {"preemptions", s.preemptions}};
 }
 

@@ -54,6 +54,9 @@ struct CompletionRequest {
   std::string model;
   std::vector<PromptInput> prompts;   // completions: one or more prompts
   std::vector<ChatMessage> messages;  // chat
+  // chat: open the assistant's turn after the messages (vLLM's extension; false continues
+  // from the conversation as rendered).
+  bool add_generation_prompt = true;
   bool stream = false;
   bool include_usage = false;
   int n = 1;

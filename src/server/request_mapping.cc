@@ -84,7 +84,7 @@ std::vector<engine::Request> map_completion(const CompletionRequest& r, const Ba
   }
   std::vector<std::vector<int32_t>> prompts;
   if (r.chat) {
-    prompts.push_back(b.chat_template.apply(r.messages, tokenizer));
+    prompts.push_back(b.chat_template.apply(r.messages, tokenizer, r.add_generation_prompt));
     if (!r.ignore_eos) b.chat_template.end_of_turn(tokenizer, o.stop_tokens, o.stop);
   } else {
     for (const auto& p : r.prompts) prompts.push_back(encode_prompt(p, tokenizer, true, "prompt"));

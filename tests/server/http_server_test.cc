@@ -121,6 +121,31 @@ TEST(HttpServer, ChatAppliesTheTemplate) {
   EXPECT_EQ(b["usage"]["prompt_tokens"], expected.size());
 }
 
+// add_generation_prompt false (vLLM's extension) leaves the assistant's turn unopened: the
+// prompt is the conversation alone, the tokens the template adds for the turn fewer.
+TEST(HttpServer, ChatWithoutTheGenerationPromptLeavesTheAssistantsTurnUnopened) {
+  TestServer s(tiny_model());
+  const json messages = {{{"role", "user"}, {"content", "Once upon a time"}}};
+  const json body = {{"messages", messages}, {"max_tokens", 2}, {"temperature", 0}};
+  const auto opened = post(s, "/v1/chat/completions", body);
+  json closed_body = body;
+  closed_body["add_generation_prompt"] = false;
+  const auto closed = post(s, "/v1/chat/completions", closed_body);
+  ASSERT_EQ(opened.status, 200) << opened.text;
+  ASSERT_EQ(closed.status, 200) << closed.text;
+  const ChatTemplate chatml(ChatFormat::kChatml);
+  const std::vector<ChatMessage> conversation = {{"user", "Once upon a time"}};
+  EXPECT_EQ(opened.body["usage"]["prompt_tokens"], chatml.apply(conversation, *s.tokenizer).size());
+  EXPECT_EQ(closed.body["usage"]["prompt_tokens"],
+            chatml.apply(conversation, *s.tokenizer, false).size());
+  EXPECT_LT(closed.body["usage"]["prompt_tokens"].get<int>(),
+            opened.body["usage"]["prompt_tokens"].get<int>());
+  closed_body["add_generation_prompt"] = "no";
+  const auto bad = post(s, "/v1/chat/completions", closed_body);
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(bad.body["error"]["param"], "add_generation_prompt");
+}
+
 TEST(HttpServer, StreamedCompletionIsSseEndingWithDoneAndMatchesTheWholeResponse) {
   TestServer s(tiny_model());
   const json body = {
