@@ -238,9 +238,7 @@ void run_tier_bench(const TierBenchOptions& o, std::ostream& out) {
              {"reads_per_block", r.tiers.cost.tier_reads_per_block},
              {"write_ms", r.tiers.cost.write_ms[0]},
              {"load_ms", r.tiers.cost.load_ms[0]},
-             {"recompute_ms_depth0",
-              r.tiers.cost.token_ms * r.tiers.block_tokens +
-                  r.tiers.cost.depth_ms * r.tiers.block_tokens * (r.tiers.block_tokens - 1) / 2},
+             {"recompute_ms_depth0", r.tiers.cost.block_recompute_ms(r.tiers.block_tokens, 0)},
              {"recomputed_faster_blocks",
               d[static_cast<size_t>(engine::TierDecision::kRecomputedFaster)]},
              {"seconds", r.seconds}});

@@ -93,9 +93,8 @@ std::string tier_cost_report(const std::string& model_path, const TierArgs& tier
 
   engine::Engine engine(*model, tokenizer, eo);
   const engine::CostModelSnapshot fit = engine.stats().tiers.cost;
-  const double b = block_tokens;
   const auto recompute_ms = [&](double depth) {
-    return fit.token_ms * b + fit.depth_ms * (b * depth + b * (b - 1) / 2);
+    return fit.block_recompute_ms(static_cast<size_t>(block_tokens), depth);
   };
   const auto break_even = [&](double load, double depth) {
     const double saving = recompute_ms(depth) - load;

@@ -93,8 +93,8 @@ double CostModel::tier_reads_per_block() const {
 }
 
 TierDecision CostModel::store_decision(Tier tier, size_t depth_tokens) const {
+  if (!worth_storing(tier, depth_tokens)) return TierDecision::kDroppedCheap;
   const double saving = recompute_ms(depth_tokens) - load_ms(tier);
-  if (!(saving > 0)) return TierDecision::kDroppedCheap;
   if (std::isinf(saving)) return TierDecision::kStored;  // recompute not measured yet
   return tier_reads_per_block() * saving > write_ms(tier) ? TierDecision::kStored
                                                           : TierDecision::kDroppedSeldomReused;
@@ -158,11 +158,17 @@ void CostModel::observe_load(Tier tier, double ms) {
   ++loads_[t];
 }
 
+double CostModelSnapshot::block_recompute_ms(size_t block_tokens, double depth_tokens) const {
+  const auto b = static_cast<double>(block_tokens);
+  return token_ms * b + depth_ms * (b * depth_tokens + b * (b - 1) / 2);
+}
+
 double CostModel::recompute_ms(size_t depth_tokens) const {
   if (passes_ == 0) return std::numeric_limits<double>::infinity();  // unknown: assume dear
-  const auto b = static_cast<double>(block_tokens_);
-  const auto d = static_cast<double>(depth_tokens);
-  return token_ms_ * b + depth_ms_ * (b * d + b * (b - 1) / 2);
+  CostModelSnapshot fit;
+  fit.token_ms = token_ms_;
+  fit.depth_ms = depth_ms_;
+  return fit.block_recompute_ms(block_tokens_, static_cast<double>(depth_tokens));
 }
 
 bool CostModel::worth_storing(Tier tier, size_t depth_tokens) const {

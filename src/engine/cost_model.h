@@ -63,8 +63,11 @@ struct CostModelSnapshot {
   uint64_t passes = 0;                             // passes fitted
   std::array<double, kTierCount> load_ms{};        // per block
   std::array<uint64_t, kTierCount> loads{};        // loads measured
-  std::array<double, kTierCount> write_ms{};       // processor time per block written
-  double tier_reads_per_block = 0;                 // expected reads after eviction
+  // Milliseconds to recompute a block of block_tokens tokens after depth_tokens tokens, by the
+  // fitted coefficients (the pass's fixed cost is not the block's).
+  double block_recompute_ms(size_t block_tokens, double depth_tokens) const;
+  std::array<double, kTierCount> write_ms{};  // processor time per block written
+  double tier_reads_per_block = 0;            // expected reads after eviction
 };
 
 class CostModel {

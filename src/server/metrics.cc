@@ -234,9 +234,8 @@ std::string render_metrics(const engine::Engine& engine, const std::string& mode
       p.sample("kvcache_tier_cost_ms", {{"op", "write"}, {"tier", name}}, t.cost.write_ms[i]);
     }
     for (const double depth : {0.0, 1024.0, 4096.0}) {
-      const double b = static_cast<double>(t.block_tokens);
       p.sample("kvcache_tier_cost_ms", {{"op", "recompute"}, {"depth", fmt::format("{}", depth)}},
-               t.cost.token_ms * b + t.cost.depth_ms * (b * depth + b * (b - 1) / 2));
+               t.cost.block_recompute_ms(t.block_tokens, depth));
     }
     p.family("kvcache_tier_reads_per_block", "gauge",
              "The cost model's estimate of how often a block is wanted again after it leaves "
