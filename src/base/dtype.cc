@@ -1,14 +1,36 @@
 #include "base/dtype.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <string>
 
 #include "base/error.h"
+#include "base/ggml_quants.h"
+#include "base/quant_blocks.h"
 
 namespace kvc {
 
 int block_elements(DType t) {
-  return (t == DType::Q8_0 || t == DType::Q4_0) ? 32 : 1;
+  switch (t) {
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16:
+      return 1;
+    case DType::Q8_0:
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+      return 32;
+    case DType::Q2_K:
+    case DType::Q3_K:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+      return kSuperBlock;
+  }
+  return 1;
 }
 
 size_t block_bytes(DType t) {
@@ -22,6 +44,22 @@ size_t block_bytes(DType t) {
       return sizeof(BlockQ8_0);
     case DType::Q4_0:
       return sizeof(BlockQ4_0);
+    case DType::Q4_1:
+      return sizeof(BlockQ4_1);
+    case DType::Q5_0:
+      return sizeof(BlockQ5_0);
+    case DType::Q5_1:
+      return sizeof(BlockQ5_1);
+    case DType::Q2_K:
+      return sizeof(BlockQ2_K);
+    case DType::Q3_K:
+      return sizeof(BlockQ3_K);
+    case DType::Q4_K:
+      return sizeof(BlockQ4_K);
+    case DType::Q5_K:
+      return sizeof(BlockQ5_K);
+    case DType::Q6_K:
+      return sizeof(BlockQ6_K);
   }
   return 0;
 }
@@ -42,16 +80,37 @@ std::string_view dtype_name(DType t) {
       return "q8_0";
     case DType::Q4_0:
       return "q4_0";
+    case DType::Q4_1:
+      return "q4_1";
+    case DType::Q5_0:
+      return "q5_0";
+    case DType::Q5_1:
+      return "q5_1";
+    case DType::Q2_K:
+      return "q2_K";
+    case DType::Q3_K:
+      return "q3_K";
+    case DType::Q4_K:
+      return "q4_K";
+    case DType::Q5_K:
+      return "q5_K";
+    case DType::Q6_K:
+      return "q6_K";
   }
   return "?";
 }
 
 std::optional<DType> parse_dtype(std::string_view name) {
-  if (name == "f32" || name == "fp32") return DType::F32;
-  if (name == "f16" || name == "fp16") return DType::F16;
-  if (name == "bf16") return DType::BF16;
-  if (name == "q8_0") return DType::Q8_0;
-  if (name == "q4_0") return DType::Q4_0;
+  std::string lower(name);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "fp32") return DType::F32;
+  if (lower == "fp16") return DType::F16;
+  for (int i = 0; i < kDTypeCount; ++i) {
+    const auto t = static_cast<DType>(i);
+    std::string known(dtype_name(t));
+    for (char& c : known) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (lower == known) return t;
+  }
   return std::nullopt;
 }
 
@@ -67,25 +126,31 @@ uint32_t ggml_type_id(DType t) {
       return 8;
     case DType::BF16:
       return 30;
+    case DType::Q4_1:
+      return 3;
+    case DType::Q5_0:
+      return 6;
+    case DType::Q5_1:
+      return 7;
+    case DType::Q2_K:
+      return 10;
+    case DType::Q3_K:
+      return 11;
+    case DType::Q4_K:
+      return 12;
+    case DType::Q5_K:
+      return 13;
+    case DType::Q6_K:
+      return 14;
   }
   return ~0u;
 }
 
 std::optional<DType> dtype_from_ggml(uint32_t id) {
-  switch (id) {
-    case 0:
-      return DType::F32;
-    case 1:
-      return DType::F16;
-    case 2:
-      return DType::Q4_0;
-    case 8:
-      return DType::Q8_0;
-    case 30:
-      return DType::BF16;
-    default:
-      return std::nullopt;
+  for (int i = 0; i < kDTypeCount; ++i) {
+    if (ggml_type_id(static_cast<DType>(i)) == id) return static_cast<DType>(i);
   }
+  return std::nullopt;
 }
 
 std::string_view ggml_type_name(uint32_t id) {
@@ -192,6 +257,9 @@ void dequantize_row(DType t, const void* src, float* dst, size_t n) {
       }
       return;
     }
+    default:
+      dequantize_ggml_blocks(t, src, dst, n);
+      return;
   }
 }
 
@@ -246,8 +314,10 @@ void quantize_row(DType t, const float* src, void* dst, size_t n) {
       }
       return;
     }
+    default:
+      quantize_ggml_blocks(t, src, dst, n);
+      return;
   }
-  fail("quantize_row: unsupported type");
 }
 
 }  // namespace kvc

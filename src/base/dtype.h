@@ -9,19 +9,38 @@
 
 namespace kvc {
 
-enum class DType : uint8_t { F32, F16, BF16, Q8_0, Q4_0 };
+// Values are stable (stored in tier block headers); new types go at the end.
+enum class DType : uint8_t {
+  F32,
+  F16,
+  BF16,
+  Q8_0,
+  Q4_0,
+  Q4_1,
+  Q5_0,
+  Q5_1,
+  Q2_K,
+  Q3_K,
+  Q4_K,
+  Q5_K,
+  Q6_K
+};
+constexpr int kDTypeCount = 13;
 
-// Elements per quantisation block (32 for q8_0/q4_0, 1 otherwise).
+// Elements per quantisation block (32 for q8_0, q4_0, q4_1, q5_0, q5_1; 256 for the K types;
+// 1 otherwise).
 int block_elements(DType t);
-// Bytes per quantisation block (34 for q8_0, 18 for q4_0, element size otherwise).
+// Bytes per quantisation block (34 for q8_0, 18 for q4_0, ..., element size otherwise).
 size_t block_bytes(DType t);
 // Bytes of a row of n elements; n must be a multiple of block_elements(t).
 size_t row_bytes(DType t, size_t n);
-// Lower-case name as used on the command line ("f32", "q8_0", ...).
+// Name as used on the command line and by llama.cpp ("f32", "q8_0", "q4_K", ...).
 std::string_view dtype_name(DType t);
-// Parses a name accepted by dtype_name (also "fp16", "fp32", "bf16"); nullopt if unknown.
+// Parses a name accepted by dtype_name, in either case (also "fp16", "fp32"); nullopt if
+// unknown.
 std::optional<DType> parse_dtype(std::string_view name);
-// GGML tensor type id of t (F32=0, F16=1, Q4_0=2, Q8_0=8, BF16=30).
+// GGML tensor type id of t (F32=0, F16=1, Q4_0=2, Q4_1=3, Q5_0=6, Q5_1=7, Q8_0=8, Q2_K=10 ..
+// Q6_K=14, BF16=30).
 uint32_t ggml_type_id(DType t);
 // DType of a GGML type id, nullopt for types kvcache does not support.
 std::optional<DType> dtype_from_ggml(uint32_t id);

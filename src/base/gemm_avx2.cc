@@ -8,6 +8,7 @@
 
 #include "base/dtype.h"
 #include "base/gemm_table.h"
+#include "base/quant_blocks.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options
@@ -19,6 +20,16 @@ namespace {
 #include "base/simd_reduce.h"
 
 #include "base/gemm_tiles.h"
+
+#include "base/quant_unpack.h"
+
+// Unsigned x signed bytes, four products per int32 lane; exact while each pair stays below
+// 2^15 (unpacked weights are below 64).
+inline __m256i dot_u8s8(__m256i u, __m256i x) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
+}
+
+#include "base/gemm_unpacked.h"
 
 template <class T>
 const T* row_at(const uint8_t* base, size_t stride, int index) {
@@ -206,6 +217,14 @@ const GemmTable* avx2_gemm() {
       gemm_tiled<FloatTile<LoadBf16, 2, 2, 3>>,
       gemm_tiled<IntTile<Q8Weights>>,
       gemm_tiled<IntTile<Q4Weights>>,
+      gemm_tiled<UnpackedTile<UnpackQ4_1, 3, 2>>,
+      gemm_tiled<UnpackedTile<UnpackQ5_0, 3, 2>>,
+      gemm_tiled<UnpackedTile<UnpackQ5_1, 3, 2>>,
+      gemm_tiled<UnpackedTile<UnpackQ2_K, 3, 2>>,
+      gemm_tiled<UnpackedTile<UnpackQ3_K, 3, 2>>,
+      gemm_tiled<UnpackedTile<UnpackQ4_K, 3, 2>>,
+      gemm_tiled<UnpackedTile<UnpackQ5_K, 3, 2>>,
+      gemm_tiled<UnpackedTile<UnpackQ6_K, 3, 2>>,
   }};
   return &table;
 }

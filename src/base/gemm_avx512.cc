@@ -8,6 +8,7 @@
 
 #include "base/dtype.h"
 #include "base/gemm_table.h"
+#include "base/quant_blocks.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options
@@ -19,6 +20,15 @@ namespace {
 #include "base/simd_reduce.h"
 
 #include "base/gemm_tiles.h"
+
+#include "base/quant_unpack.h"
+
+// Unsigned x signed bytes, four products per int32 lane, exact.
+inline __m256i dot_u8s8(__m256i u, __m256i x) {
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
+}
+
+#include "base/gemm_unpacked.h"
 
 inline float hsum512(__m512 v) {
   return hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
@@ -295,6 +305,14 @@ const GemmTable* avx512_gemm() {
       gemm_tiled<Half16Tile<LoadBf16>>,
       gemm_tiled<IntTile<Q8Weights>>,
       gemm_tiled<IntTile<Q4Weights>>,
+      gemm_tiled<UnpackedTile<UnpackQ4_1, 4, 3>>,
+      gemm_tiled<UnpackedTile<UnpackQ5_0, 4, 3>>,
+      gemm_tiled<UnpackedTile<UnpackQ5_1, 4, 3>>,
+      gemm_tiled<UnpackedTile<UnpackQ2_K, 4, 3>>,
+      gemm_tiled<UnpackedTile<UnpackQ3_K, 4, 3>>,
+      gemm_tiled<UnpackedTile<UnpackQ4_K, 4, 3>>,
+      gemm_tiled<UnpackedTile<UnpackQ5_K, 4, 3>>,
+      gemm_tiled<UnpackedTile<UnpackQ6_K, 4, 3>>,
   }};
   return &table;
 }

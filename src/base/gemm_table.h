@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/dtype.h"
+
 namespace kvc::kernels {
 
 // y[r * y_stride + c] = dot(w_c, x_r) for r < n_x, c < n_w, where w_c = w + c * w_stride and
@@ -13,7 +15,7 @@ using GemmFn = void (*)(const void* w, size_t w_stride, size_t n_w, const void* 
 
 struct GemmTable {
   // Indexed by DType.
-  GemmFn gemm[5];
+  GemmFn gemm[kDTypeCount];
 };
 
 // The calling thread's scratch buffer of at least `bytes`, kept between calls, where a kernel

@@ -4,13 +4,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/dtype.h"
+
 namespace kvc::kernels {
 
 using DotFn = float (*)(const void* w, const void* x, size_t n);
 
 struct KernelTable {
   // Indexed by DType: one weight row against one prepared activation row.
-  DotFn dot[5];
+  DotFn dot[kDTypeCount];
   float (*dot_f32)(const float* a, const float* b, size_t n);
   float (*dot_f16_f32)(const uint16_t* a, const float* b, size_t n);
   void (*axpy_f32)(float alpha, const float* x, float* y, size_t n);

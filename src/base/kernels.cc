@@ -123,7 +123,7 @@ std::optional<Isa> parse_isa(std::string_view name) {
 }
 
 DType activation_type(DType w) {
-  return (w == DType::Q8_0 || w == DType::Q4_0) ? DType::Q8_0 : DType::F32;
+  return block_elements(w) > 1 ? DType::Q8_0 : DType::F32;
 }
 
 size_t activation_row_bytes(DType w, size_t n) {
@@ -134,11 +134,25 @@ void prepare_activations(DType w, const float* x, void* out, size_t n) {
   quantize_row(activation_type(w), x, out, n);
 }
 
+namespace {
+
+// One weight row against one activation row. An instruction set without a single-row dot for
+// a type (its GEMM tile with one row and one column is that dot) takes the tile.
+float single_dot(const Active& state, DType wtype, const void* w, const void* x, size_t n) {
+  if (const DotFn dot = state.table->dot[static_cast<int>(wtype)]) return dot(w, x, n);
+  float y = 0.0f;
+  state.gemm->gemm[static_cast<int>(wtype)](w, row_bytes(wtype, n), 1, x,
+                                            activation_row_bytes(wtype, n), 1, n, &y, 1);
+  return y;
+}
+
+}  // namespace
+
 void dot_rows(DType wtype, const void* w, const void* x, size_t x_stride, int m, size_t n,
               float* out) {
-  const DotFn dot = table().dot[static_cast<int>(wtype)];
+  const Active& state = active();
   const auto* xb = static_cast<const uint8_t*>(x);
-  for (int r = 0; r < m; ++r) out[r] = dot(w, xb + r * x_stride, n);
+  for (int r = 0; r < m; ++r) out[r] = single_dot(state, wtype, w, xb + r * x_stride, n);
 }
 
 void gemm(DType wtype, const void* w, size_t w_stride, size_t n_w, const void* x, size_t x_stride,
@@ -148,7 +162,6 @@ void gemm(DType wtype, const void* w, size_t w_stride, size_t n_w, const void* x
     state.gemm->gemm[static_cast<int>(wtype)](w, w_stride, n_w, x, x_stride, n_x, n, y, y_stride);
     return;
   }
-  const DotFn dot = state.table->dot[static_cast<int>(wtype)];
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* xb = static_cast<const uint8_t*>(x);
   // The loop matmul ran before the tiles: eight activation rows against one weight row.
@@ -157,7 +170,7 @@ void gemm(DType wtype, const void* w, size_t w_stride, size_t n_w, const void* x
     const size_t r1 = std::min(n_x, r0 + kRowTile);
     for (size_t c = 0; c < n_w; ++c) {
       for (size_t r = r0; r < r1; ++r) {
-        y[r * y_stride + c] = dot(wb + c * w_stride, xb + r * x_stride, n);
+        y[r * y_stride + c] = single_dot(state, wtype, wb + c * w_stride, xb + r * x_stride, n);
       }
     }
   }

@@ -242,6 +242,7 @@ struct Lanes {
 
 const KernelTable* avx2_kernels() {
   static const KernelTable table = {
+      // The unpacked types have no single-row dot here: their one-by-one GEMM tile is it.
       {dot_w_f32, dot_w_f16, dot_w_bf16, dot_w_q8_0, dot_w_q4_0},
       dot_f32_avx2,
       dot_f16_f32_avx2,

@@ -2,6 +2,7 @@
 // against.
 #include "base/dtype.h"
 #include "base/kernel_table.h"
+#include "base/quant_blocks.h"
 
 namespace kvc::kernels {
 namespace {
@@ -69,6 +70,34 @@ float dot_w_q4_0(const void* w, const void* x, size_t n) {
   return sum;
 }
 
+#include "base/quant_unpack.h"
+
+// Weights of quant_unpack.h's types against q8_0 activations: per 16 elements, the scale times
+// the integer dot plus the offset times the integer sum of the activations.
+template <class U>
+float dot_w_unpacked(const void* w, const void* x, size_t n) {
+  const auto* a = static_cast<const typename U::Block*>(w);
+  const auto* b = static_cast<const BlockQ8_0*>(x);
+  Unpacked<U::kUnit> up;
+  float sum = 0.0f;
+  for (size_t i = 0; i < n / U::kUnit; ++i) {
+    U::unpack(a[i], up);
+    for (int k = 0; k < U::kUnit / 16; ++k) {
+      const BlockQ8_0& xb = b[i * (U::kUnit / 32) + k / 2];
+      const int8_t* xs = xb.qs + 16 * (k % 2);
+      int dot = 0, xsum = 0;
+      for (int e = 0; e < 16; ++e) {
+        dot += up.q[16 * k + e] * xs[e];
+        xsum += xs[e];
+      }
+      const float dx = f16_to_f32(xb.d);
+      sum +=
+          up.scale[k] * dx * static_cast<float>(dot) + up.offset[k] * dx * static_cast<float>(xsum);
+    }
+  }
+  return sum;
+}
+
 KVC_ATTENTION_LOOPS(dot_f32_scalar, dot_f16_f32_scalar, axpy_f32_scalar, axpy_f16_scalar)
 
 void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, size_t n, size_t hd,
@@ -80,7 +109,10 @@ void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, siz
 
 const KernelTable& scalar_kernels() {
   static const KernelTable table = {
-      {dot_w_f32, dot_w_f16, dot_w_bf16, dot_w_q8_0, dot_w_q4_0},
+      {dot_w_f32, dot_w_f16, dot_w_bf16, dot_w_q8_0, dot_w_q4_0, dot_w_unpacked<UnpackQ4_1>,
+       dot_w_unpacked<UnpackQ5_0>, dot_w_unpacked<UnpackQ5_1>, dot_w_unpacked<UnpackQ2_K>,
+       dot_w_unpacked<UnpackQ3_K>, dot_w_unpacked<UnpackQ4_K>, dot_w_unpacked<UnpackQ5_K>,
+       dot_w_unpacked<UnpackQ6_K>},
       dot_f32_scalar,
       dot_f16_f32_scalar,
       axpy_f32_scalar,

@@ -37,7 +37,7 @@ void kv_scores(const KvRows& k, const float* q, size_t n, size_t hd, float scale
     case DType::Q4_0:
       table().scores_q4_0(q, k.base, k.stride, k.first, n, hd, scale, out);
       return;
-    case DType::BF16:
+    default:
       break;
   }
   fail("kv_scores: keys stored as {} are not supported", dtype_name(k.dtype));
@@ -64,7 +64,7 @@ void kv_accumulate(const KvRows& v, const float* p, size_t n, size_t hd, float* 
     case DType::Q4_0:
       table().accumulate_q4_0(p, v.base, v.stride, v.first, n, hd, out);
       return;
-    case DType::BF16:
+    default:
       break;
   }
   fail("kv_accumulate: values stored as {} are not supported", dtype_name(v.dtype));

@@ -46,10 +46,14 @@ TEST(DType, SizesMatchGgml) {
   EXPECT_EQ(row_bytes(DType::F16, 10), 20u);
   EXPECT_EQ(ggml_type_id(DType::Q8_0), 8u);
   EXPECT_EQ(dtype_from_ggml(30), DType::BF16);
-  EXPECT_FALSE(dtype_from_ggml(12).has_value());
+  EXPECT_EQ(dtype_from_ggml(12), DType::Q4_K);
+  EXPECT_FALSE(dtype_from_ggml(15).has_value());  // q8_K: only llama.cpp's activations use it
+  EXPECT_FALSE(dtype_from_ggml(20).has_value());  // iq4_nl
   EXPECT_EQ(ggml_type_name(12), "Q4_K");
   EXPECT_EQ(parse_dtype("fp16"), DType::F16);
-  EXPECT_FALSE(parse_dtype("q5_k").has_value());
+  EXPECT_EQ(parse_dtype("q5_k"), DType::Q5_K);
+  EXPECT_EQ(parse_dtype("Q6_K"), DType::Q6_K);
+  EXPECT_FALSE(parse_dtype("q8_k").has_value());
 }
 
 // Quantisation error is bounded by half a step of each block's scale (plus the f16 rounding

@@ -2,6 +2,7 @@
 // instruction set, for every weight type, tile shape and remainder.
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "base/isa_fixtures.h"
 #include "base/kernels.h"
 #include "base/matmul.h"
+#include "base/quant_blocks.h"
 
 namespace kvc {
 namespace {
@@ -16,7 +18,17 @@ namespace {
 using kernels::Isa;
 using namespace isa_fixtures;
 
-constexpr DType kWeightTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
+constexpr DType kWeightTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
+                                  DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
+                                  DType::Q4_K, DType::Q5_K, DType::Q6_K};
+
+// Row lengths for type t: whole blocks only, short and long, odd and even block counts.
+std::vector<size_t> lengths_for(DType t) {
+  if (block_elements(t) == 256) return {256, 512, 768, 2304};
+  std::vector<size_t> lengths = {32, 64, 96, 160, 2080};
+  if (block_elements(t) == 1) lengths.insert(lengths.end(), {8, 13, 72, 100, 2087});
+  return lengths;
+}
 
 // Weights and prepared activations of one shape, filled from a seed.
 struct Operands {
@@ -79,9 +91,7 @@ class GemmTest : public ::testing::TestWithParam<Isa> {
 // rows, short in columns, both) meets every length kind (whole steps, remainders, odd blocks).
 TEST_P(GemmTest, EveryOutputEqualsTheSingleRowDot) {
   for (DType wt : kWeightTypes) {
-    std::vector<size_t> lengths = {32, 64, 96, 160, 2080};
-    if (block_elements(wt) == 1) lengths.insert(lengths.end(), {8, 13, 72, 100, 2087});
-    for (size_t n : lengths) {
+    for (size_t n : lengths_for(wt)) {
       for (size_t n_x : {1u, 2u, 3u, 4u, 5u, 9u}) {
         for (size_t n_w : {1u, 2u, 3u, 4u, 5u, 7u, 13u}) {
           const Operands ops(wt, n, n_w, n_x, static_cast<uint32_t>(n * 131 + n_x * 7 + n_w));
@@ -148,10 +158,66 @@ TEST_P(GemmTest, ExtremeInt8ValuesEqualTheSingleRowDot) {
   }
 }
 
+// Byte offsets of the f16 fields in a block of an unpacked type (the rest is integers).
+std::vector<size_t> f16_fields(DType t) {
+  switch (t) {
+    case DType::Q4_1:
+      return {offsetof(BlockQ4_1, d), offsetof(BlockQ4_1, m)};
+    case DType::Q5_0:
+      return {offsetof(BlockQ5_0, d)};
+    case DType::Q5_1:
+      return {offsetof(BlockQ5_1, d), offsetof(BlockQ5_1, m)};
+    case DType::Q2_K:
+      return {offsetof(BlockQ2_K, d), offsetof(BlockQ2_K, dmin)};
+    case DType::Q3_K:
+      return {offsetof(BlockQ3_K, d)};
+    case DType::Q4_K:
+      return {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)};
+    case DType::Q5_K:
+      return {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)};
+    case DType::Q6_K:
+      return {offsetof(BlockQ6_K, d)};
+    default:
+      return {};
+  }
+}
+
+// Every bit pattern a file may hold (all quants and packed scales at their extremes, which a
+// quantizer may never write), with activations at +-127: the tiles still give the single-row
+// dot's bits.
+TEST_P(GemmTest, RandomBlockBytesEqualTheSingleRowDot) {
+  for (DType wt : kWeightTypes) {
+    if (f16_fields(wt).empty()) continue;
+    Operands ops(wt, block_elements(wt) == 256 ? 768 : 96, 5, 5, 3);
+    std::mt19937 rng(11);
+    for (size_t i = 0; i < ops.w.size(); ++i) ops.w[i] = static_cast<uint8_t>(rng());
+    std::uniform_real_distribution<float> scale(-0.1f, 0.1f);
+    for (size_t b = 0; b < ops.w.size() / block_bytes(wt); ++b) {
+      for (size_t offset : f16_fields(wt)) {
+        const uint16_t h = f32_to_f16(scale(rng));
+        std::memcpy(&ops.w[b * block_bytes(wt) + offset], &h, sizeof h);
+      }
+    }
+    for (size_t r = 0; r < ops.n_x; ++r) {
+      auto* q = reinterpret_cast<BlockQ8_0*>(&ops.x[r * ops.x_stride]);
+      for (size_t b = 0; b < ops.n / 32; ++b) {
+        for (int8_t& v : q[b].qs) v = (rng() & 1) ? -127 : 127;
+      }
+    }
+    const std::vector<float> y = ops.gemm();
+    for (size_t r = 0; r < ops.n_x; ++r) {
+      for (size_t c = 0; c < ops.n_w; ++c) {
+        ASSERT_TRUE(same_bits(y[r * ops.n_w + c], ops.single(r, c)))
+            << describe(wt, ops.n, ops.n_w, ops.n_x, r, c);
+      }
+    }
+  }
+}
+
 // The untiled loop kept for benchmarks gives the same values.
 TEST_P(GemmTest, TilesOffGivesTheSameValues) {
   for (DType wt : kWeightTypes) {
-    const Operands ops(wt, 192, 11, 10, 21);
+    const Operands ops(wt, block_elements(wt) == 256 ? 512 : 192, 11, 10, 21);
     const std::vector<float> tiled = ops.gemm();
     kernels::set_gemm_tiles(false);
     const std::vector<float> untiled = ops.gemm();
@@ -164,7 +230,7 @@ TEST_P(GemmTest, TilesOffGivesTheSameValues) {
 // Through matmul: a row's outputs do not depend on the batch it came in or the thread count.
 TEST_P(GemmTest, MatmulRowsAreIndependentOfBatchAndThreads) {
   for (DType wt : kWeightTypes) {
-    const size_t in = 288, out = 75, rows = 23;
+    const size_t in = block_elements(wt) == 256 ? 768 : 288, out = 75, rows = 23;
     const auto wf = random_floats(in * out, 5);
     std::vector<uint8_t> w(row_bytes(wt, in) * out);
     for (size_t o = 0; o < out; ++o) quantize_row(wt, &wf[o * in], &w[o * row_bytes(wt, in)], in);

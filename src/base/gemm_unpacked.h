@@ -1,0 +1,99 @@
+// The GEMM tile for weights of quant_unpack.h's types (q4_1, q5_0, q5_1, q2_K..q6_K) against
+// q8_0 activations, written once over 256-bit vectors for every x86 instruction set (internal
+// to base/).
+//
+// Included by each gemm_*.cc after its target pragma, inside an anonymous namespace, after
+// simd_reduce.h, gemm_tiles.h and quant_unpack.h, and after the file's own
+// dot_u8s8(u, x): the int32 sums of four consecutive unsigned x signed byte products, lane l
+// covering bytes 4l..4l+3 (vpdpbusd, or maddubs + madd where q < 64 keeps pairs below 2^15).
+// It includes nothing itself.
+//
+// Each weight block is unpacked once per tile into bytes, scales and offsets; per 32 elements
+// and output, acc += (w_scale * x_scale) * dot + w_offset * x_lane_sums in 8 lanes, then one
+// hsum256: the same operations for every output whatever the tile's shape, so a tile's value
+// is the one-row, one-column tile's, which is also the single-row dot of these types.
+#pragma once
+
+// A q8_0 activation block as the tile reads it: its bytes, its scale in every lane, and
+// scale * (sum of the four bytes of each lane) for the offsets.
+struct PreparedGroup {
+  int8_t x[32];
+  float lane_sums[8];
+  float scale[8];
+};
+
+// Two f32 values, each in its own half of 8 lanes: lanes 0-3 the first 16 elements' sub-block.
+inline __m256 half_lanes(float lo, float hi) {
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(lo)), _mm_set1_ps(hi), 1);
+}
+
+template <class U, int Rows, int Cols>
+struct UnpackedTile {
+  static constexpr int kRows = Rows;
+  static constexpr int kCols = Cols;
+  static constexpr int kUnit = U::kUnit;
+  static constexpr int kGroups = kUnit / 32;
+  using Block = typename U::Block;
+
+  static const uint8_t* prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
+                                size_t* stride) {
+    *stride = n / 32 * sizeof(PreparedGroup);
+    uint8_t* out = gemm_scratch(*stride * n_x);
+    for (size_t r = 0; r < n_x; ++r) {
+      const auto* b = reinterpret_cast<const BlockQ8_0*>(x + r * x_stride);
+      auto* p = reinterpret_cast<PreparedGroup*>(out + r * *stride);
+      for (size_t g = 0; g < n / 32; ++g) {
+        const float d = half(b[g].d);
+        for (int i = 0; i < 32; ++i) p[g].x[i] = b[g].qs[i];
+        for (int l = 0; l < 8; ++l) {
+          const int sum =
+              b[g].qs[4 * l] + b[g].qs[4 * l + 1] + b[g].qs[4 * l + 2] + b[g].qs[4 * l + 3];
+          p[g].lane_sums[l] = d * static_cast<float>(sum);
+          p[g].scale[l] = d;
+        }
+      }
+    }
+    return out;
+  }
+
+  template <int MR, int NR>
+  static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
+                   size_t ys) {
+    const PreparedGroup* b[MR];
+    for (int r = 0; r < MR; ++r) b[r] = reinterpret_cast<const PreparedGroup*>(x + r * xs);
+    __m256 acc[MR][NR];
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_setzero_ps();
+    Unpacked<kUnit> up[NR];
+    for (size_t i = 0; i < n / kUnit; ++i) {
+      for (int j = 0; j < NR; ++j) {
+        U::unpack(reinterpret_cast<const Block*>(w + j * ws)[i], up[j]);
+      }
+      for (int g = 0; g < kGroups; ++g) {
+        __m256i wq[NR];
+        __m256 wscale[NR], woffset[NR];
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) {
+          wq[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(up[j].q + 32 * g));
+          wscale[j] = half_lanes(up[j].scale[2 * g], up[j].scale[2 * g + 1]);
+          woffset[j] = half_lanes(up[j].offset[2 * g], up[j].offset[2 * g + 1]);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+          const PreparedGroup& px = b[r][i * kGroups + g];
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(px.x));
+          const __m256 dx = _mm256_loadu_ps(px.scale);
+          const __m256 sums = _mm256_loadu_ps(px.lane_sums);
+#pragma GCC unroll 8
+          for (int j = 0; j < NR; ++j) {
+            const __m256 dot = _mm256_cvtepi32_ps(dot_u8s8(wq[j], xv));
+            acc[r][j] = _mm256_fmadd_ps(_mm256_mul_ps(wscale[j], dx), dot, acc[r][j]);
+            acc[r][j] = _mm256_fmadd_ps(woffset[j], sums, acc[r][j]);
+          }
+        }
+      }
+    }
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < NR; ++j) y[r * ys + j] = hsum256(acc[r][j]);
+  }
+};
