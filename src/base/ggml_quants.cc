@@ -97,31 +97,45 @@ void pack_k4_scales(const int* sc, const int* mn, uint8_t* s) {
   }
 }
 
-// A K super-block of type-1 sub-blocks (q2_K, q4_K, q5_K): per sub-block ranges, their scales
-// and minima quantized to scale_levels against the largest, then each element.
+// The smallest integer in 0..hi whose multiple of unit reaches v (0 when unit is 0): scales
+// rounded up, so that a sub-block's extreme values are never clamped.
+int ceil_steps(float v, float unit, int hi) {
+  if (!(unit > 0.0f)) return 0;
+  return round_clamp(std::ceil(v / unit), 0, hi);
+}
+
+// A K super-block of type-1 sub-blocks (q2_K, q4_K, q5_K): per sub-block ranges; the minima
+// quantized (rounded up) against the largest, then the scales each sub-block needs from its
+// quantized minimum to its maximum, rounded up against the largest; then each element.
 template <int Sub, int ScaleLevels>
 void quantize_k_type1(const float* x, int levels, uint16_t* d_field, uint16_t* dmin_field, int* sc,
                       int* mn, uint8_t* q) {
   constexpr int kSubs = kSuperBlock / Sub;
   Range r[kSubs];
-  float max_scale = 0.0f, max_min = 0.0f;
+  float max_min = 0.0f;
   for (int k = 0; k < kSubs; ++k) {
     r[k] = min_max_range(x + k * Sub, Sub, levels, true);
-    max_scale = std::max(max_scale, r[k].scale);
     max_min = std::max(max_min, -r[k].offset);
   }
-  const float d = store_f16(d_field, max_scale / ScaleLevels);
   const float dmin = store_f16(dmin_field, max_min / ScaleLevels);
+  float needed[kSubs], max_scale = 0.0f;
   for (int k = 0; k < kSubs; ++k) {
-    sc[k] = d > 0.0f ? round_clamp(r[k].scale / d, 0, ScaleLevels) : 0;
-    mn[k] = dmin > 0.0f ? round_clamp(-r[k].offset / dmin, 0, ScaleLevels) : 0;
+    mn[k] = ceil_steps(-r[k].offset, dmin, ScaleLevels);
+    const float top = r[k].offset + r[k].scale * static_cast<float>(levels);
+    needed[k] = (top + dmin * static_cast<float>(mn[k])) / static_cast<float>(levels);
+    max_scale = std::max(max_scale, needed[k]);
+  }
+  const float d = store_f16(d_field, max_scale / ScaleLevels);
+  for (int k = 0; k < kSubs; ++k) {
+    sc[k] = ceil_steps(needed[k], d, ScaleLevels);
     quantize_unsigned(x + k * Sub, Sub, d * static_cast<float>(sc[k]),
                       -(dmin * static_cast<float>(mn[k])), levels, q + k * Sub);
   }
 }
 
 // A K super-block of 16 type-0 sub-blocks of 16 (q3_K, q6_K): q in -half..half-1 stored as
-// q + half, sub-block scales as signed integers in -scale_half..scale_half-1.
+// q + half, sub-block scales as signed integers in -scale_half..scale_half-1, rounded away from
+// zero so that each sub-block's extreme maps inside the range.
 template <int Half, int ScaleHalf>
 void quantize_k_type0(const float* x, uint16_t* d_field, int* sc, uint8_t* q) {
   float s[16];
@@ -135,7 +149,9 @@ void quantize_k_type0(const float* x, uint16_t* d_field, int* sc, uint8_t* q) {
   }
   const float d = store_f16(d_field, max / -ScaleHalf);
   for (int k = 0; k < 16; ++k) {
-    sc[k] = d != 0.0f ? round_clamp(s[k] / d, -ScaleHalf, ScaleHalf - 1) : 0;
+    const float ratio = d != 0.0f ? s[k] / d : 0.0f;
+    sc[k] =
+        round_clamp(ratio < 0.0f ? std::floor(ratio) : std::ceil(ratio), -ScaleHalf, ScaleHalf - 1);
     const float scale = d * static_cast<float>(sc[k]);
     quantize_unsigned(x + 16 * k, 16, scale, -static_cast<float>(Half) * scale, 2 * Half - 1,
                       q + 16 * k);

@@ -20,7 +20,10 @@ DType parse_kv_dtype(std::string_view name, std::string_view flag) {
   const std::string n = to_lower(trim(name));
   if (n == "int8" || n == "q8") return DType::Q8_0;
   if (n == "int4" || n == "q4") return DType::Q4_0;
-  if (const auto t = parse_dtype(n)) return *t;
+  if (const auto t = parse_dtype(n)) {
+    if (block_elements(*t) == 1 || *t == DType::Q8_0 || *t == DType::Q4_0) return *t;
+    fail("{}: {} is a weight type; KV blocks are stored as f32, f16, q8_0 or q4_0", flag, name);
+  }
   fail("{}: unknown KV dtype '{}'; use f32, f16, bf16, q8_0 (int8) or q4_0 (int4)", flag, name);
 }
 

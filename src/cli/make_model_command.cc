@@ -24,10 +24,12 @@ void add_make_model_command(CLI::App& app) {
   auto a = std::make_shared<MakeModelArgs>();
   CLI::App* cmd = app.add_subcommand(
       "make-model",
-      "Write a synthetic Llama GGUF (presets: tiny, 110m, tinyllama-1.1b, llama3-8b)");
+      "Write a synthetic Llama GGUF (presets: tiny, small, 110m, tinyllama-1.1b, llama3-8b)");
   cmd->add_option("--preset", a->preset, "Model shape")->capture_default_str();
   cmd->add_option("-o,--output", a->output, "Output GGUF file")->required();
-  cmd->add_option("--dtype", a->dtype, "Weight type: f32, f16, q8_0 or q4_0")
+  cmd->add_option("--dtype", a->dtype,
+                  "Weight type: f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, "
+                  "q6_K, or llama.cpp's mixes q4_K_M and q5_K_M")
       ->capture_default_str();
   cmd->add_option("--layers", a->layers, "Override the preset's layer count");
   cmd->add_option("--context", a->context,
@@ -36,11 +38,7 @@ void add_make_model_command(CLI::App& app) {
   cmd->callback([a] {
     model::SyntheticOptions o;
     o.preset = a->preset;
-    const auto dtype = parse_dtype(a->dtype);
-    if (!dtype || *dtype == DType::BF16) {
-      fail("--dtype must be f32, f16, q8_0 or q4_0, got '{}'", a->dtype);
-    }
-    o.dtype = *dtype;
+    model::set_synthetic_dtype(o, a->dtype);
     o.layers = a->layers;
     o.context = a->context;
     o.seed = a->seed;

@@ -15,6 +15,7 @@ namespace kvc::model {
 const std::vector<SyntheticPreset>& synthetic_presets() {
   static const std::vector<SyntheticPreset> presets = {
       {"tiny", 512, 64, 192, 2, 4, 2, 512, 10000.0f, true},
+      {"small", 512, 256, 512, 2, 4, 2, 512, 10000.0f, false},
       {"110m", 32000, 768, 2048, 12, 12, 12, 2048, 10000.0f, false},
       {"tinyllama-1.1b", 32000, 2048, 5632, 22, 32, 4, 2048, 10000.0f, false},
       {"llama3-8b", 128256, 4096, 14336, 32, 32, 8, 8192, 500000.0f, false},
@@ -85,9 +86,15 @@ struct TensorPlan {
 
 std::vector<TensorPlan> plan_tensors(const SyntheticPreset& p, const SyntheticOptions& o,
                                      int layers) {
-  const auto matrix_type = [&](uint64_t in_dim) {
-    // Quantised rows must hold whole 32-element blocks; ragged rows fall back to f16.
-    return (in_dim % block_elements(o.dtype) == 0) ? o.dtype : DType::F16;
+  const auto matrix_type = [&](uint64_t in_dim, bool more_bits = false) {
+    const DType wanted = more_bits && o.more_bits ? *o.more_bits : o.dtype;
+    // Quantised rows must hold whole blocks: rows too short for a K super-block take q8_0,
+    // as llama.cpp falls back, and rows ragged even for that take f16.
+    if (in_dim % block_elements(wanted) == 0) return wanted;
+    return in_dim % 32 == 0 && block_elements(wanted) > 1 ? DType::Q8_0 : DType::F16;
+  };
+  const auto more_bits_layer = [&](int l) {
+    return l < layers / 8 || l >= 7 * layers / 8 || (l - layers / 8) % 3 == 2;
   };
   const uint64_t d = p.n_embd, hd = p.n_embd / p.n_heads, ff = p.n_ff;
   const uint64_t q = p.n_heads * hd, kv = p.n_kv_heads * hd;
@@ -101,18 +108,20 @@ std::vector<TensorPlan> plan_tensors(const SyntheticPreset& p, const SyntheticOp
     t.push_back({b + "attn_norm.weight", {d}, DType::F32, TensorPlan::kNorm});
     t.push_back({b + "attn_q.weight", {d, q}, matrix_type(d), TensorPlan::kMatrix});
     t.push_back({b + "attn_k.weight", {d, kv}, matrix_type(d), TensorPlan::kMatrix});
-    t.push_back({b + "attn_v.weight", {d, kv}, matrix_type(d), TensorPlan::kMatrix});
+    t.push_back(
+        {b + "attn_v.weight", {d, kv}, matrix_type(d, more_bits_layer(l)), TensorPlan::kMatrix});
     t.push_back({b + "attn_output.weight", {q, d}, matrix_type(q), TensorPlan::kMatrix});
     t.push_back({b + "ffn_norm.weight", {d}, DType::F32, TensorPlan::kNorm});
     t.push_back({b + "ffn_gate.weight", {d, ff}, matrix_type(d), TensorPlan::kMatrix});
     t.push_back({b + "ffn_up.weight", {d, ff}, matrix_type(d), TensorPlan::kMatrix});
-    t.push_back({b + "ffn_down.weight", {ff, d}, matrix_type(ff), TensorPlan::kMatrix});
+    t.push_back(
+        {b + "ffn_down.weight", {ff, d}, matrix_type(ff, more_bits_layer(l)), TensorPlan::kMatrix});
   }
   t.push_back({"output_norm.weight", {d}, DType::F32, TensorPlan::kNorm});
   if (!p.tied_output) {
     t.push_back({"output.weight",
                  {d, static_cast<uint64_t>(p.n_vocab)},
-                 matrix_type(d),
+                 matrix_type(d, true),
                  TensorPlan::kMatrix});
   }
   return t;
@@ -131,22 +140,82 @@ uint64_t tensor_bytes(const TensorPlan& t) {
 
 // Fills rows [begin, end) of a matrix with uniform values in [-scale, scale); each row has its
 // own generator seeded from (seed, tensor, row), so the result does not depend on threads.
-void fill_rows(const TensorPlan& t, uint64_t seed, size_t index, uint8_t* dst, size_t begin,
-               size_t end) {
+void fill_rows(const TensorPlan& t, DType values, uint64_t seed, size_t index, uint8_t* dst,
+               size_t begin, size_t end) {
   const size_t n = t.dims[0];
   const size_t stride = row_bytes(t.dtype, n);
   const float scale = std::sqrt(3.0f / static_cast<float>(n));
   std::vector<float> row(n);
+  std::vector<uint8_t> rounded(values != t.dtype ? row_bytes(values, n) : 0);
   for (size_t r = begin; r < end; ++r) {
     Rng rng(seed * 0x9e3779b97f4a7c15ull + index * 0x100000001b3ull + r);
     for (size_t i = 0; i < n; ++i) {
       row[i] = static_cast<float>((rng.uniform() * 2.0 - 1.0) * scale);
+    }
+    if (!rounded.empty()) {
+      quantize_row(values, row.data(), rounded.data(), n);
+      dequantize_row(values, rounded.data(), row.data(), n);
     }
     quantize_row(t.dtype, row.data(), dst + r * stride, n);
   }
 }
 
 }  // namespace
+
+void set_synthetic_dtype(SyntheticOptions& options, std::string_view name) {
+  if (name == "q4_K_M" || name == "Q4_K_M") {
+    options.dtype = DType::Q4_K;
+    options.more_bits = DType::Q6_K;
+    return;
+  }
+  if (name == "q5_K_M" || name == "Q5_K_M") {
+    options.dtype = DType::Q5_K;
+    options.more_bits = DType::Q6_K;
+    return;
+  }
+  const auto t = parse_dtype(name);
+  if (!t || *t == DType::BF16) {
+    fail(
+        "--dtype must be f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, "
+        "q4_K_M or q5_K_M, got '{}'",
+        name);
+  }
+  options.dtype = *t;
+  options.more_bits.reset();
+}
+
+uint32_t synthetic_file_type(const SyntheticOptions& o) {
+  if (o.more_bits) return o.dtype == DType::Q4_K ? 15 : 17;
+  switch (o.dtype) {
+    case DType::F32:
+      return 0;
+    case DType::F16:
+      return 1;
+    case DType::Q4_0:
+      return 2;
+    case DType::Q4_1:
+      return 3;
+    case DType::Q8_0:
+      return 7;
+    case DType::Q5_0:
+      return 8;
+    case DType::Q5_1:
+      return 9;
+    case DType::Q2_K:
+      return 10;
+    case DType::Q3_K:
+      return 12;
+    case DType::Q4_K:
+      return 14;
+    case DType::Q5_K:
+      return 16;
+    case DType::Q6_K:
+      return 18;
+    case DType::BF16:
+      return 32;
+  }
+  return 0;
+}
 
 uint64_t synthetic_model_bytes(const SyntheticOptions& options) {
   const SyntheticPreset& p = find_synthetic_preset(options.preset);
@@ -158,7 +227,7 @@ uint64_t synthetic_model_bytes(const SyntheticOptions& options) {
 void write_synthetic_model(const SyntheticOptions& o, const std::string& path,
                            const std::function<void(uint64_t, uint64_t)>& progress) {
   const SyntheticPreset& p = find_synthetic_preset(o.preset);
-  if (o.dtype == DType::BF16) fail("make-model writes f32, f16, q8_0 or q4_0, not bf16");
+  if (o.dtype == DType::BF16) fail("make-model does not write bf16 weights");
   const int layers = layer_count(p, o);
   const std::string arch = "llama";
   gguf::Writer w;
@@ -166,10 +235,7 @@ void write_synthetic_model(const SyntheticOptions& o, const std::string& path,
   w.set_string("general.name", "kvcache-synthetic-" + p.name);
   w.set_string("general.description",
                "synthetic model with random weights written by kvcache make-model");
-  w.set_u32("general.file_type", o.dtype == DType::F32    ? 0
-                                 : o.dtype == DType::F16  ? 1
-                                 : o.dtype == DType::Q4_0 ? 2
-                                                          : 7);
+  w.set_u32("general.file_type", synthetic_file_type(o));
   if (o.context < 0 || o.context > (1 << 24))
     fail("--context must be 1..16777216, got {}", o.context);
   w.set_u32(arch + ".context_length", o.context > 0 ? o.context : p.context_length);
@@ -194,18 +260,24 @@ void write_synthetic_model(const SyntheticOptions& o, const std::string& path,
   w.set_bool("tokenizer.ggml.add_eos_token", false);
 
   const std::vector<TensorPlan> tensors = plan_tensors(p, o, layers);
+  SyntheticOptions value_options = o;
+  if (o.values_of) value_options.dtype = *o.values_of;
+  const std::vector<TensorPlan> value_types = plan_tensors(p, value_options, layers);
   const int threads = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
   auto pool = std::make_shared<ThreadPool>(threads);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorPlan& t = tensors[i];
-    w.add_tensor(t.name, t.dims, t.dtype, [t, i, seed = o.seed, pool](uint8_t* dst, size_t) {
-      if (t.kind == TensorPlan::kNorm) {
-        std::vector<float> ones(t.dims[0], 1.0f);
-        quantize_row(t.dtype, ones.data(), dst, ones.size());
-        return;
-      }
-      pool->parallel_for(t.dims[1], [&](size_t b, size_t e) { fill_rows(t, seed, i, dst, b, e); });
-    });
+    const DType values = value_types[i].dtype;
+    w.add_tensor(
+        t.name, t.dims, t.dtype, [t, values, i, seed = o.seed, pool](uint8_t* dst, size_t) {
+          if (t.kind == TensorPlan::kNorm) {
+            std::vector<float> ones(t.dims[0], 1.0f);
+            quantize_row(t.dtype, ones.data(), dst, ones.size());
+            return;
+          }
+          pool->parallel_for(t.dims[1],
+                             [&](size_t b, size_t e) { fill_rows(t, values, seed, i, dst, b, e); });
+        });
   }
   w.write(path, progress);
 }

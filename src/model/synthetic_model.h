@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/dtype.h"
@@ -24,7 +26,8 @@ struct SyntheticPreset {
   bool tied_output;  // whether output.weight is omitted (classifier tied to the embedding)
 };
 
-// The presets: tiny (tests), 110m, tinyllama-1.1b, llama3-8b.
+// The presets: tiny (tests), small (tests of 256-element K-quant rows), 110m, tinyllama-1.1b,
+// llama3-8b.
 const std::vector<SyntheticPreset>& synthetic_presets();
 // The preset called name; throws Error listing the valid names otherwise.
 const SyntheticPreset& find_synthetic_preset(const std::string& name);
@@ -35,6 +38,13 @@ struct SyntheticOptions {
   int layers = 0;            // > 0 overrides the preset's layer count
   int context = 0;           // > 0 overrides the preset's llama.context_length
   uint64_t seed = 1;
+  // As llama.cpp's Q4_K_M and Q5_K_M mixes: this type for output.weight and for attn_v and
+  // ffn_down in the first and last eighth of the layers and every third layer between.
+  std::optional<DType> more_bits;
+  // Where set, every matrix holds exactly the values this type can (each row is quantised to
+  // it and back before being stored as dtype), so that tests can run a quantised model's
+  // weights through f32 arithmetic.
+  std::optional<DType> values_of;
 };
 
 // A llama-style SentencePiece vocabulary of n tokens: <unk>, <s>, </s>, the 256 byte tokens,
@@ -46,6 +56,12 @@ struct SyntheticVocab {
   std::vector<int32_t> types;
 };
 SyntheticVocab make_synthetic_vocab(int n_vocab, uint64_t seed);
+
+// Options for a --dtype name: a weight type ("q8_0", "q4_K", ...) or a mix ("q4_K_M",
+// "q5_K_M"); throws Error naming the accepted ones otherwise.
+void set_synthetic_dtype(SyntheticOptions& options, std::string_view name);
+// llama.cpp's general.file_type for the options' types (e.g. 15 for q4_K_M).
+uint32_t synthetic_file_type(const SyntheticOptions& options);
 
 // Writes the model to path (atomically); progress(done, total) reports bytes written.
 void write_synthetic_model(const SyntheticOptions& options, const std::string& path,

@@ -208,11 +208,21 @@ class EveryIsa : public ::testing::TestWithParam<kernels::Isa> {
   kernels::Isa saved_ = kernels::active_isa();
 };
 
+// Every weight type make-model writes; the K types on the "small" preset, whose rows hold whole
+// 256-element super-blocks (on "tiny" they would fall back to q8_0).
+constexpr DType kModelWeightTypes[] = {DType::F32,  DType::F16,  DType::Q8_0, DType::Q4_0,
+                                       DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K,
+                                       DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+
+std::string model_of_type(DType t) {
+  return testing::synthetic_model_path(block_elements(t) == 256 ? "small" : "tiny", t);
+}
+
 TEST_P(EveryIsa, CachedDecodeAndChunkedPrefillKeepTheInvariant) {
   // bf16 is covered by the kernel tests: make-model does not write it.
-  for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0}) {
+  for (DType t : kModelWeightTypes) {
     SCOPED_TRACE(std::string(kernels::isa_name(GetParam())) + " " + std::string(dtype_name(t)));
-    const std::string path = testing::synthetic_model_path("tiny", t);
+    const std::string path = model_of_type(t);
     expect_cache_equals_recompute(path, DType::F16, 2);
     Rig one(path, 1), two(path, 2);
     const auto prompt = long_prompt(100, one.model->config().n_vocab);
@@ -232,6 +242,39 @@ INSTANTIATE_TEST_SUITE_P(LlamaModel, EveryIsa,
                          [](const auto& info) {
                            return std::string(kernels::isa_name(info.param));
                          });
+
+// Every quantised weight type computes what f32 arithmetic computes on the same weight values
+// (an f32 model holding exactly the values the quantised blocks stand for): the kernels, the
+// blocks read in place and the dequantised embedding rows agree, up to the q8_0 rounding of
+// the activations the integer kernels multiply by (about 0.5% per product).
+TEST(LlamaModel, QuantisedWeightsComputeWhatF32ComputesOnTheirValues) {
+  for (DType t : kModelWeightTypes) {
+    if (block_elements(t) == 1) continue;
+    const std::string preset = block_elements(t) == 256 ? "small" : "tiny";
+    const auto dir = testing::scratch_dir();
+    const std::string exact_path =
+        (dir / (preset + "-f32-values-of-" + std::string(dtype_name(t)) + ".gguf")).string();
+    SyntheticOptions o;
+    o.preset = preset;
+    o.values_of = t;
+    write_synthetic_model(o, exact_path);
+    Rig exact(exact_path, 1);
+    Rig quantised(testing::synthetic_model_path(preset, t), 1);
+    EXPECT_EQ(quantised.model->weight_dtype(), t);
+    EXPECT_EQ(exact.model->weight_dtype(), DType::F32);
+    const auto prompt = long_prompt(30, exact.model->config().n_vocab);
+    const std::vector<float> a = exact.recompute(prompt), b = quantised.recompute(prompt);
+    ASSERT_EQ(a.size(), b.size());
+    double diff = 0.0, norm = 0.0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      diff += (a[i] - b[i]) * (a[i] - b[i]);
+      norm += a[i] * a[i];
+    }
+    const double relative = std::sqrt(diff / norm);
+    EXPECT_LT(relative, 0.05) << dtype_name(t);
+    EXPECT_GT(relative, 0.0) << dtype_name(t);  // the integer kernels really ran
+  }
+}
 
 std::vector<int32_t> long_prompt(int n, int n_vocab) {
   Rng rng(3);
