@@ -296,6 +296,104 @@ struct IntTile {
   }
 };
 
+// A q8_0 activation row as the K-quant tile reads it, per 256 elements: the bytes; per pair of
+// 32-element groups, the first group's scale in lanes 0-7 and the second's in 8-15; and per 16
+// elements, scale * the sum of their bytes (for the weights' offsets).
+struct PreparedSuperBlock {
+  int8_t x[256];
+  float scale[4][16];
+  float sums[16];
+};
+
+// K-quant weights (256-element super-blocks) in 512-bit steps: per pair of groups and output,
+// acc += (w_scale * x_scale) * dpbusd(q, x) over 16 lanes, each lane's weight scale taken by
+// one permute from the super-block's 16; the offsets join once per super-block through the
+// 16 sums. The same operations for every output whatever the tile's shape.
+template <class U, int Rows, int Cols>
+struct KQuantTile512 {
+  static_assert(U::kUnit == 256);
+  static constexpr int kRows = Rows;
+  static constexpr int kCols = Cols;
+  using Block = typename U::Block;
+
+  static const uint8_t* prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
+                                size_t* stride) {
+    *stride = n / 256 * sizeof(PreparedSuperBlock);
+    uint8_t* out = gemm_scratch(*stride * n_x);
+    for (size_t r = 0; r < n_x; ++r) {
+      const auto* b = reinterpret_cast<const BlockQ8_0*>(x + r * x_stride);
+      auto* p = reinterpret_cast<PreparedSuperBlock*>(out + r * *stride);
+      for (size_t s = 0; s < n / 256; ++s) {
+        for (int g = 0; g < 8; ++g) {
+          const BlockQ8_0& xb = b[8 * s + g];
+          const float d = half(xb.d);
+          for (int i = 0; i < 32; ++i) p[s].x[32 * g + i] = xb.qs[i];
+          for (int l = 0; l < 8; ++l) p[s].scale[g / 2][8 * (g % 2) + l] = d;
+          for (int h = 0; h < 2; ++h) {
+            int sum = 0;
+            for (int i = 0; i < 16; ++i) sum += xb.qs[16 * h + i];
+            p[s].sums[2 * g + h] = d * static_cast<float>(sum);
+          }
+        }
+      }
+    }
+    return out;
+  }
+
+  template <int MR, int NR>
+  static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
+                   size_t ys) {
+    const PreparedSuperBlock* b[MR];
+    for (int r = 0; r < MR; ++r) b[r] = reinterpret_cast<const PreparedSuperBlock*>(x + r * xs);
+    __m512 acc[MR][NR];
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_setzero_ps();
+    Unpacked<256> up[NR];
+    for (size_t s = 0; s < n / 256; ++s) {
+      __m512 scales[NR];
+      for (int j = 0; j < NR; ++j) {
+        U::unpack(reinterpret_cast<const Block*>(w + j * ws)[s], up[j]);
+        scales[j] = _mm512_loadu_ps(up[j].scale);
+      }
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {
+        // Lane l of a pair covers elements 64p + 4l..64p + 4l + 3: sub-block 4p + l / 4.
+        const __m512i sub =
+            _mm512_add_epi32(_mm512_set1_epi32(4 * p),
+                             _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0));
+        __m512i wq[NR];
+        __m512 wscale[NR];
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) {
+          wq[j] = _mm512_load_si512(up[j].q + 64 * p);
+          wscale[j] = _mm512_permutexvar_ps(sub, scales[j]);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+          const __m512i xv = _mm512_loadu_si512(b[r][s].x + 64 * p);
+          const __m512 dx = _mm512_loadu_ps(b[r][s].scale[p]);
+#pragma GCC unroll 8
+          for (int j = 0; j < NR; ++j) {
+            const __m512 dot =
+                _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[j], xv));
+            acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(wscale[j], dx), dot, acc[r][j]);
+          }
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const __m512 sums = _mm512_loadu_ps(b[r][s].sums);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) {
+          acc[r][j] = _mm512_fmadd_ps(_mm512_loadu_ps(up[j].offset), sums, acc[r][j]);
+        }
+      }
+    }
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < NR; ++j) y[r * ys + j] = hsum512(acc[r][j]);
+  }
+};
+
 }  // namespace
 
 const GemmTable* avx512_gemm() {
@@ -308,11 +406,11 @@ const GemmTable* avx512_gemm() {
       gemm_tiled<UnpackedTile<UnpackQ4_1, 4, 3>>,
       gemm_tiled<UnpackedTile<UnpackQ5_0, 4, 3>>,
       gemm_tiled<UnpackedTile<UnpackQ5_1, 4, 3>>,
-      gemm_tiled<UnpackedTile<UnpackQ2_K, 4, 3>>,
-      gemm_tiled<UnpackedTile<UnpackQ3_K, 4, 3>>,
-      gemm_tiled<UnpackedTile<UnpackQ4_K, 4, 3>>,
-      gemm_tiled<UnpackedTile<UnpackQ5_K, 4, 3>>,
-      gemm_tiled<UnpackedTile<UnpackQ6_K, 4, 3>>,
+      gemm_tiled<KQuantTile512<UnpackQ2_K, 4, 3>>,
+      gemm_tiled<KQuantTile512<UnpackQ3_K, 4, 3>>,
+      gemm_tiled<KQuantTile512<UnpackQ4_K, 4, 3>>,
+      gemm_tiled<KQuantTile512<UnpackQ5_K, 4, 3>>,
+      gemm_tiled<KQuantTile512<UnpackQ6_K, 4, 3>>,
   }};
   return &table;
 }
