@@ -17,6 +17,7 @@ struct MakeModelArgs {
   int layers = 0;
   int context = 0;
   uint64_t seed = 1;
+  std::string rope_freqs;
 };
 }  // namespace
 
@@ -35,6 +36,9 @@ void add_make_model_command(CLI::App& app) {
   cmd->add_option("--context", a->context,
                   "Override the preset's context length (llama.context_length)");
   cmd->add_option("--seed", a->seed, "Weight seed")->capture_default_str();
+  cmd->add_option("--rope-freqs", a->rope_freqs,
+                  "Write a rope_freqs.weight tensor: llama3.1 (Llama 3.1's long-context factors)")
+      ->check(CLI::IsMember({"llama3.1"}));
   cmd->callback([a] {
     model::SyntheticOptions o;
     o.preset = a->preset;
@@ -42,6 +46,10 @@ void add_make_model_command(CLI::App& app) {
     o.layers = a->layers;
     o.context = a->context;
     o.seed = a->seed;
+    if (a->rope_freqs == "llama3.1") {
+      const model::SyntheticPreset& p = model::find_synthetic_preset(a->preset);
+      o.rope_freq_factors = model::llama31_rope_factors(p.n_embd / p.n_heads, p.rope_theta);
+    }
     const uint64_t bytes = model::synthetic_model_bytes(o);
     spdlog::info("writing {} ({}, {} weights) to {}", a->preset, a->dtype, format_bytes(bytes),
                  a->output);

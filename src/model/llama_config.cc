@@ -61,8 +61,17 @@ LlamaConfig LlamaConfig::from_gguf(const gguf::File& f) {
   }
   if (const gguf::Value* scaling = f.find(p + "rope.scaling.type")) {
     const std::string* type = scaling->as_string();
-    if (type == nullptr || (*type != "none" && *type != "")) {
-      fail("{}: rope scaling '{}' is not supported", f.label(), scaling->describe());
+    if (type != nullptr && *type == "linear") {
+      const double factor = f.get_f64(p + "rope.scaling.factor", 1.0);
+      if (!(factor >= 1.0) || factor > 1e6) {
+        fail("{}: rope.scaling.factor {} must be at least 1", f.label(), factor);
+      }
+      c.rope_freq_scale = static_cast<float>(1.0 / factor);
+    } else if (type == nullptr || (*type != "none" && *type != "")) {
+      fail(
+          "{}: rope scaling '{}' is not supported (kvcache knows none, linear, and the "
+          "per-dimension factors of a rope_freqs.weight tensor, as Llama 3.1 files carry)",
+          f.label(), scaling->describe());
     }
   }
   c.n_vocab = positive_int(f, "tokenizer.ggml.tokens", f.get_array("tokenizer.ggml.tokens").size());

@@ -27,6 +27,9 @@ struct LlamaConfig {
   int context_length = 0;
   float rms_eps = 1e-5f;
   float rope_theta = 10000.0f;
+  // Linear rope scaling (rope.scaling.type = "linear"): angles are multiplied by this, which is
+  // 1 / rope.scaling.factor; 1 without scaling.
+  float rope_freq_scale = 1.0f;
 
   // Reads and validates {arch}.* keys; throws Error naming the key at fault. The vocabulary
   // size comes from tokenizer.ggml.tokens.

@@ -49,6 +49,15 @@ void LlamaModel::bind_weights() {
   const WeightView embd = matrix("token_embd.weight", d, c.n_vocab);
   output_norm_ = vector("output_norm.weight", d);
   output_ = file_->find_tensor("output.weight") ? matrix("output.weight", d, c.n_vocab) : embd;
+  if (file_->find_tensor("rope_freqs.weight") != nullptr) {
+    rope_freq_factors_ = vector("rope_freqs.weight", c.n_rot / 2);
+    for (float f : rope_freq_factors_) {
+      if (!(f > 0.0f) || !std::isfinite(f)) {
+        fail("{}: rope_freqs.weight holds {}; every factor must be positive and finite",
+             file_->label(), f);
+      }
+    }
+  }
   layers_.resize(c.n_layers);
   uint64_t matrices = 0;
   for (int l = 0; l < c.n_layers; ++l) {
@@ -266,7 +275,9 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
                    s.x.data() + r * d, d);
     for (int i = 0; i < half_rot; ++i) {
       const double freq = std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.n_rot);
-      const double angle = rows[r].pos * freq;
+      const double factor = rope_freq_factors_.empty() ? 1.0 : rope_freq_factors_[i];
+      // As llama.cpp: the position's angle divided by the pair's factor, then scaled linearly.
+      const double angle = c.rope_freq_scale * (rows[r].pos * freq / factor);
       s.rope_cos[r * half_rot + i] = static_cast<float>(std::cos(angle));
       s.rope_sin[r * half_rot + i] = static_cast<float>(std::sin(angle));
     }

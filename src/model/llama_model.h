@@ -79,6 +79,9 @@ class LlamaModel {
   const gguf::TensorInfo* token_embd_ = nullptr;
   std::vector<LayerWeights> layers_;
   std::vector<float> output_norm_;
+  // Per rotary pair i, the divisor of its angle (rope_freqs.weight, as Llama 3.1 files carry
+  // for their long-context scaling); empty when the file has none (all 1).
+  std::vector<float> rope_freq_factors_;
   WeightView output_;
   uint64_t weight_bytes_ = 0;
   uint64_t bytes_read_per_token_ = 0;

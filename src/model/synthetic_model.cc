@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <thread>
 #include <unordered_set>
 
@@ -246,6 +247,10 @@ void write_synthetic_model(const SyntheticOptions& o, const std::string& path,
   w.set_u32(arch + ".attention.head_count_kv", p.n_kv_heads);
   w.set_u32(arch + ".rope.dimension_count", p.n_embd / p.n_heads);
   w.set_f32(arch + ".rope.freq_base", p.rope_theta);
+  if (o.rope_linear_factor > 0.0f) {
+    w.set_string(arch + ".rope.scaling.type", "linear");
+    w.set_f32(arch + ".rope.scaling.factor", o.rope_linear_factor);
+  }
   w.set_f32(arch + ".attention.layer_norm_rms_epsilon", 1e-5f);
   w.set_u32(arch + ".vocab_size", p.n_vocab);
   SyntheticVocab vocab = make_synthetic_vocab(p.n_vocab, o.seed);
@@ -279,7 +284,40 @@ void write_synthetic_model(const SyntheticOptions& o, const std::string& path,
                              [&](size_t b, size_t e) { fill_rows(t, values, seed, i, dst, b, e); });
         });
   }
+  if (!o.rope_freq_factors.empty()) {
+    const uint64_t pairs = p.n_embd / p.n_heads / 2;
+    if (o.rope_freq_factors.size() != pairs) {
+      fail("rope_freqs needs {} factors for this preset, got {}", pairs,
+           o.rope_freq_factors.size());
+    }
+    w.add_tensor("rope_freqs.weight", {pairs}, DType::F32,
+                 [factors = o.rope_freq_factors](uint8_t* dst, size_t) {
+                   std::memcpy(dst, factors.data(), factors.size() * sizeof(float));
+                 });
+  }
   w.write(path, progress);
+}
+
+std::vector<float> llama31_rope_factors(int n_rot, float rope_theta) {
+  constexpr double kFactor = 8.0, kLowFreqFactor = 1.0, kHighFreqFactor = 4.0;
+  constexpr double kOriginalContext = 8192.0;
+  const double low_freq_wavelen = kOriginalContext / kLowFreqFactor;
+  const double high_freq_wavelen = kOriginalContext / kHighFreqFactor;
+  std::vector<float> factors;
+  for (int i = 0; i < n_rot / 2; ++i) {
+    const double freq = std::pow(static_cast<double>(rope_theta), -2.0 * i / n_rot);
+    const double wavelen = 2.0 * M_PI / freq;
+    double factor = 1.0;
+    if (wavelen > low_freq_wavelen) {
+      factor = kFactor;
+    } else if (wavelen >= high_freq_wavelen) {
+      const double smooth =
+          (kOriginalContext / wavelen - kLowFreqFactor) / (kHighFreqFactor - kLowFreqFactor);
+      factor = 1.0 / ((1.0 - smooth) / kFactor + smooth);
+    }
+    factors.push_back(static_cast<float>(factor));
+  }
+  return factors;
 }
 
 }  // namespace kvc::model

@@ -45,7 +45,17 @@ struct SyntheticOptions {
   // it and back before being stored as dtype), so that tests can run a quantised model's
   // weights through f32 arithmetic.
   std::optional<DType> values_of;
+  // Written as rope_freqs.weight (one divisor per rotary pair) when not empty.
+  std::vector<float> rope_freq_factors;
+  // Written as rope.scaling.type = "linear" with this rope.scaling.factor when above 0.
+  float rope_linear_factor = 0.0f;
 };
+
+// Llama 3.1's rope_freqs.weight for n_rot rotary dimensions and the given base, as its
+// converter computes them (factor 8, low and high frequency factors 1 and 4, original context
+// 8192): wavelengths under 2048 positions keep factor 1, those over 8192 take 8, and those
+// between are interpolated smoothly.
+std::vector<float> llama31_rope_factors(int n_rot, float rope_theta);
 
 // A llama-style SentencePiece vocabulary of n tokens: <unk>, <s>, </s>, the 256 byte tokens,
 // then pieces each made of two earlier pieces (so BPE merges can reach every one), with

@@ -86,6 +86,8 @@ TEST(PlanReport, ParseCounts) {
               HasSubstr("cannot read ''"));
   EXPECT_EQ(parse_kv_dtype("int8"), DType::Q8_0);
   EXPECT_EQ(parse_kv_dtype("int4"), DType::Q4_0);
+  EXPECT_THAT([] { parse_kv_dtype("q4_K"); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("q4_K is a weight type")));
   EXPECT_EQ(parse_kv_dtype("BF16"), DType::BF16);
   EXPECT_THAT(error_of([] { parse_kv_dtype("fp8"); }), HasSubstr("unknown KV dtype 'fp8'"));
 }

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -274,6 +275,48 @@ TEST(LlamaModel, QuantisedWeightsComputeWhatF32ComputesOnTheirValues) {
     EXPECT_LT(relative, 0.05) << dtype_name(t);
     EXPECT_GT(relative, 0.0) << dtype_name(t);  // the integer kernels really ran
   }
+}
+
+// Rope scaling as llama.cpp applies it: a rope_freqs.weight factor divides its pair's angle
+// and linear scaling multiplies every angle by 1 / factor, so factors of 2 everywhere and
+// linear scaling by 2 are the same model, bit for bit, and factors of 1 are no scaling at all.
+TEST(LlamaModel, RopeFreqFactorsAndLinearScalingScaleTheAngles) {
+  const auto dir = testing::scratch_dir();
+  const auto write = [&](const std::string& name, std::vector<float> factors, float linear) {
+    SyntheticOptions o;
+    o.preset = "tiny";
+    o.rope_freq_factors = std::move(factors);
+    o.rope_linear_factor = linear;
+    const std::string path = (dir / (name + ".gguf")).string();
+    write_synthetic_model(o, path);
+    return path;
+  };
+  const int pairs = 16 / 2;  // tiny: head dimension 16
+  const std::string plain = write("rope-plain", {}, 0.0f);
+  const std::string ones = write("rope-ones", std::vector<float>(pairs, 1.0f), 0.0f);
+  const std::string twos = write("rope-twos", std::vector<float>(pairs, 2.0f), 0.0f);
+  const std::string linear = write("rope-linear", {}, 2.0f);
+  const std::string llama31 = write("rope-llama31", llama31_rope_factors(16, 10000.0f), 0.0f);
+  const auto logits = [&](const std::string& path) {
+    Rig rig(path, 1);
+    return rig.recompute(long_prompt(60, rig.model->config().n_vocab));
+  };
+  const std::vector<float> base = logits(plain);
+  EXPECT_TRUE(same_bits(base, logits(ones)));
+  EXPECT_TRUE(same_bits(logits(twos), logits(linear)));
+  EXPECT_FALSE(same_bits(base, logits(twos)));
+  EXPECT_FALSE(same_bits(base, logits(llama31)));
+
+  const std::vector<float> factors = llama31_rope_factors(128, 500000.0f);
+  ASSERT_EQ(factors.size(), 64u);
+  EXPECT_EQ(factors.front(), 1.0f);  // short wavelengths keep their angle
+  EXPECT_EQ(factors.back(), 8.0f);   // wavelengths past 8192 positions are stretched 8x
+  EXPECT_TRUE(std::is_sorted(factors.begin(), factors.end()));
+
+  EXPECT_THAT([&] { LlamaModel::load(write("rope-zero", std::vector<float>(pairs, 0.0f), 0.0f)); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("rope_freqs.weight holds 0")));
+  EXPECT_THAT([&] { LlamaModel::load(write("rope-half", {}, 0.5f)); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("rope.scaling.factor 0.5")));
 }
 
 std::vector<int32_t> long_prompt(int n, int n_vocab) {
