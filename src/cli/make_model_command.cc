@@ -18,6 +18,7 @@ struct MakeModelArgs {
   int context = 0;
   uint64_t seed = 1;
   std::string rope_freqs;
+  std::string arch = "llama";
 };
 }  // namespace
 
@@ -36,6 +37,11 @@ void add_make_model_command(CLI::App& app) {
   cmd->add_option("--context", a->context,
                   "Override the preset's context length (llama.context_length)");
   cmd->add_option("--seed", a->seed, "Weight seed")->capture_default_str();
+  cmd->add_option("--arch", a->arch,
+                  "general.architecture: llama, qwen2 (Q/K/V biases, NEOX rope) or qwen3 (per-head "
+                  "Q/K norms, NEOX rope)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"llama", "qwen2", "qwen3"}));
   cmd->add_option("--rope-freqs", a->rope_freqs,
                   "Write a rope_freqs.weight tensor: llama3.1 (Llama 3.1's long-context factors)")
       ->check(CLI::IsMember({"llama3.1"}));
@@ -46,6 +52,7 @@ void add_make_model_command(CLI::App& app) {
     o.layers = a->layers;
     o.context = a->context;
     o.seed = a->seed;
+    o.arch = a->arch;
     if (a->rope_freqs == "llama3.1") {
       const model::SyntheticPreset& p = model::find_synthetic_preset(a->preset);
       o.rope_freq_factors = model::llama31_rope_factors(p.n_embd / p.n_heads, p.rope_theta);

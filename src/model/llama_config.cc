@@ -17,12 +17,12 @@ int positive_int(const gguf::File& f, const std::string& key, uint64_t value) {
 LlamaConfig LlamaConfig::from_gguf(const gguf::File& f) {
   LlamaConfig c;
   c.architecture = f.get_string("general.architecture");
-  if (c.architecture != "llama") {
-    fail(
-        "{}: architecture '{}' is not supported (kvcache runs the llama family: "
-        "general.architecture = \"llama\")",
-        f.label(), c.architecture);
+  if (c.architecture != "llama" && c.architecture != "qwen2" && c.architecture != "qwen3") {
+    fail("{}: architecture '{}' is not supported (kvcache runs llama, qwen2 and qwen3)", f.label(),
+         c.architecture);
   }
+  if (c.architecture != "llama") c.rope_layout = RopeLayout::kHalves;
+  c.qk_norm = c.architecture == "qwen3";
   c.name = f.get_string("general.name", "");
   const std::string p = c.architecture + ".";
   auto req = [&](const std::string& key) { return positive_int(f, p + key, f.get_u64(p + key)); };

@@ -13,8 +13,13 @@ class File;
 
 namespace kvc::model {
 
+// How rotary embedding pairs a head's dimensions: adjacent (x[2i], x[2i+1]) for llama, whose
+// converter permutes Q and K to suit, or halves (x[i], x[i + n_rot/2]) for the architectures
+// llama.cpp runs in its NEOX mode (qwen2, qwen3).
+enum class RopeLayout : uint8_t { kAdjacent, kHalves };
+
 struct LlamaConfig {
-  std::string architecture;
+  std::string architecture;  // llama, qwen2 (Q/K/V biases) or qwen3 (per-head Q/K RMSNorm)
   std::string name;
   int n_vocab = 0;
   int n_embd = 0;
@@ -30,6 +35,9 @@ struct LlamaConfig {
   // Linear rope scaling (rope.scaling.type = "linear"): angles are multiplied by this, which is
   // 1 / rope.scaling.factor; 1 without scaling.
   float rope_freq_scale = 1.0f;
+  RopeLayout rope_layout = RopeLayout::kAdjacent;
+  // qwen3: each head of Q and K is RMS-normalised (attn_q_norm, attn_k_norm) before rotary.
+  bool qk_norm = false;
 
   // Reads and validates {arch}.* keys; throws Error naming the key at fault. The vocabulary
   // size comes from tokenizer.ggml.tokens.

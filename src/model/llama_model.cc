@@ -72,6 +72,16 @@ void LlamaModel::bind_weights() {
     w.w_gate = matrix(p + "ffn_gate.weight", d, c.n_ff);
     w.w_up = matrix(p + "ffn_up.weight", d, c.n_ff);
     w.w_down = matrix(p + "ffn_down.weight", c.n_ff, d);
+    const auto optional_vector = [&](const std::string& name, size_t n) {
+      return file_->find_tensor(name) != nullptr ? vector(name, n) : std::vector<float>{};
+    };
+    w.q_bias = optional_vector(p + "attn_q.bias", c.q_dim());
+    w.k_bias = optional_vector(p + "attn_k.bias", c.kv_dim());
+    w.v_bias = optional_vector(p + "attn_v.bias", c.kv_dim());
+    if (c.qk_norm) {
+      w.q_norm = vector(p + "attn_q_norm.weight", c.head_dim);
+      w.k_norm = vector(p + "attn_k_norm.weight", c.head_dim);
+    }
     for (const WeightView* v : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
       matrices += v->row_stride() * v->out_dim;
     }
@@ -89,17 +99,32 @@ void rms_norm(const float* x, const float* weight, float* out, size_t n, float e
   for (size_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
 }
 
-// Rotates adjacent pairs (x[2i], x[2i+1]) of each head, as llama.cpp's normal RoPE mode does
-// for the llama architecture.
-void apply_rope(float* x, int n_heads, int head_dim, int n_rot, const float* cos_t,
-                const float* sin_t) {
+// Rotates each head's pairs by their angles: adjacent pairs (x[2i], x[2i+1]) as llama.cpp's
+// normal mode, or halves (x[i], x[i + n_rot/2]) as its NEOX mode.
+void apply_rope(float* x, int n_heads, int head_dim, int n_rot, RopeLayout layout,
+                const float* cos_t, const float* sin_t) {
+  const int half = n_rot / 2;
   for (int h = 0; h < n_heads; ++h) {
     float* v = x + static_cast<size_t>(h) * head_dim;
-    for (int i = 0; i < n_rot / 2; ++i) {
-      const float a = v[2 * i], b = v[2 * i + 1];
-      v[2 * i] = a * cos_t[i] - b * sin_t[i];
-      v[2 * i + 1] = a * sin_t[i] + b * cos_t[i];
+    for (int i = 0; i < half; ++i) {
+      const int ia = layout == RopeLayout::kAdjacent ? 2 * i : i;
+      const int ib = layout == RopeLayout::kAdjacent ? 2 * i + 1 : i + half;
+      const float a = v[ia], b = v[ib];
+      v[ia] = a * cos_t[i] - b * sin_t[i];
+      v[ib] = a * sin_t[i] + b * cos_t[i];
     }
+  }
+}
+
+void add_bias(float* x, const std::vector<float>& bias) {
+  for (size_t i = 0; i < bias.size(); ++i) x[i] += bias[i];
+}
+
+// RMS-normalises each head of x in place with the per-head weight (qwen3's Q/K norm).
+void norm_heads(float* x, int n_heads, int head_dim, const std::vector<float>& weight, float eps) {
+  for (int h = 0; h < n_heads; ++h) {
+    float* v = x + static_cast<size_t>(h) * head_dim;
+    rms_norm(v, weight.data(), v, head_dim, eps);
   }
 }
 
@@ -303,8 +328,17 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
     for (size_t r = 0; r < n; ++r) {
       const float* cs = &s.rope_cos[r * half_rot];
       const float* sn = &s.rope_sin[r * half_rot];
-      apply_rope(&s.q[r * c.q_dim()], c.n_heads, c.head_dim, c.n_rot, cs, sn);
-      apply_rope(&s.k[r * c.kv_dim()], c.n_kv_heads, c.head_dim, c.n_rot, cs, sn);
+      float* q = &s.q[r * c.q_dim()];
+      float* k = &s.k[r * c.kv_dim()];
+      add_bias(q, w.q_bias);
+      add_bias(k, w.k_bias);
+      add_bias(&s.v[r * c.kv_dim()], w.v_bias);
+      if (c.qk_norm) {
+        norm_heads(q, c.n_heads, c.head_dim, w.q_norm, c.rms_eps);
+        norm_heads(k, c.n_kv_heads, c.head_dim, w.k_norm, c.rms_eps);
+      }
+      apply_rope(q, c.n_heads, c.head_dim, c.n_rot, c.rope_layout, cs, sn);
+      apply_rope(k, c.n_kv_heads, c.head_dim, c.n_rot, c.rope_layout, cs, sn);
       const kv::BlockTable& table = *rows[r].table;
       uint8_t* block = pool.data(table.block_of(rows[r].pos));
       const int slot = table.slot_of(rows[r].pos);

@@ -39,6 +39,8 @@ struct ForwardScratch {
 
 struct LayerWeights {
   std::vector<float> attn_norm, ffn_norm;
+  std::vector<float> q_bias, k_bias, v_bias;  // qwen2's; empty when the file has none
+  std::vector<float> q_norm, k_norm;          // qwen3's per-head RMSNorm weights (head_dim)
   WeightView wq, wk, wv, wo, w_gate, w_up, w_down;
 };
 

@@ -82,7 +82,8 @@ struct TensorPlan {
   std::string name;
   std::vector<uint64_t> dims;
   DType dtype;
-  enum Kind { kMatrix, kNorm } kind;
+  // Norms hold ones; biases uniform values in [-0.5, 0.5); gains 1 plus such values.
+  enum Kind { kMatrix, kNorm, kBias, kGain } kind;
 };
 
 std::vector<TensorPlan> plan_tensors(const SyntheticPreset& p, const SyntheticOptions& o,
@@ -111,6 +112,15 @@ std::vector<TensorPlan> plan_tensors(const SyntheticPreset& p, const SyntheticOp
     t.push_back({b + "attn_k.weight", {d, kv}, matrix_type(d), TensorPlan::kMatrix});
     t.push_back(
         {b + "attn_v.weight", {d, kv}, matrix_type(d, more_bits_layer(l)), TensorPlan::kMatrix});
+    if (o.arch == "qwen2") {
+      t.push_back({b + "attn_q.bias", {q}, DType::F32, TensorPlan::kBias});
+      t.push_back({b + "attn_k.bias", {kv}, DType::F32, TensorPlan::kBias});
+      t.push_back({b + "attn_v.bias", {kv}, DType::F32, TensorPlan::kBias});
+    }
+    if (o.arch == "qwen3") {
+      t.push_back({b + "attn_q_norm.weight", {hd}, DType::F32, TensorPlan::kGain});
+      t.push_back({b + "attn_k_norm.weight", {hd}, DType::F32, TensorPlan::kGain});
+    }
     t.push_back({b + "attn_output.weight", {q, d}, matrix_type(q), TensorPlan::kMatrix});
     t.push_back({b + "ffn_norm.weight", {d}, DType::F32, TensorPlan::kNorm});
     t.push_back({b + "ffn_gate.weight", {d, ff}, matrix_type(d), TensorPlan::kMatrix});
@@ -230,7 +240,10 @@ void write_synthetic_model(const SyntheticOptions& o, const std::string& path,
   const SyntheticPreset& p = find_synthetic_preset(o.preset);
   if (o.dtype == DType::BF16) fail("make-model does not write bf16 weights");
   const int layers = layer_count(p, o);
-  const std::string arch = "llama";
+  if (o.arch != "llama" && o.arch != "qwen2" && o.arch != "qwen3") {
+    fail("--arch must be llama, qwen2 or qwen3, got '{}'", o.arch);
+  }
+  const std::string arch = o.arch;
   gguf::Writer w;
   w.set_string("general.architecture", arch);
   w.set_string("general.name", "kvcache-synthetic-" + p.name);
@@ -275,9 +288,15 @@ void write_synthetic_model(const SyntheticOptions& o, const std::string& path,
     const DType values = value_types[i].dtype;
     w.add_tensor(
         t.name, t.dims, t.dtype, [t, values, i, seed = o.seed, pool](uint8_t* dst, size_t) {
-          if (t.kind == TensorPlan::kNorm) {
-            std::vector<float> ones(t.dims[0], 1.0f);
-            quantize_row(t.dtype, ones.data(), dst, ones.size());
+          if (t.kind != TensorPlan::kMatrix) {
+            std::vector<float> v(t.dims[0], 1.0f);
+            Rng rng(seed * 0x9e3779b97f4a7c15ull + i);
+            for (float& x : v) {
+              if (t.kind == TensorPlan::kNorm) continue;
+              const auto r = static_cast<float>(rng.uniform() - 0.5);
+              x = t.kind == TensorPlan::kBias ? r : 1.0f + r;
+            }
+            quantize_row(t.dtype, v.data(), dst, v.size());
             return;
           }
           pool->parallel_for(t.dims[1],

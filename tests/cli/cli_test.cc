@@ -119,7 +119,10 @@ TEST(Cli, BadInputsGiveClearErrors) {
   EXPECT_THAT(r.err, HasSubstr("--kv-dtype: the KV pool stores f32, f16, q8_0 or q4_0, not bf16"));
   r = kvcache("run -m " + tiny + " -ctk q8_0 -ctv q5_1 -n 4");
   EXPECT_EQ(r.status, 1);
-  EXPECT_THAT(r.err, HasSubstr("--kv-dtype-v: unknown KV dtype 'q5_1'"));
+  EXPECT_THAT(r.err, HasSubstr("--kv-dtype-v: q5_1 is a weight type"));
+  r = kvcache("run -m " + tiny + " -ctk q9_0 -n 4");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("--kv-dtype-k: unknown KV dtype 'q9_0'"));
 }
 
 TEST(Cli, InspectShowsShapesTokenizerAndKvBytes) {

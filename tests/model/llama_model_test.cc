@@ -319,6 +319,103 @@ TEST(LlamaModel, RopeFreqFactorsAndLinearScalingScaleTheAngles) {
               ::testing::ThrowsMessage<Error>(HasSubstr("rope.scaling.factor 0.5")));
 }
 
+// The same weights as a qwen2 file (rotary pairs in halves), rewritten as a llama file whose Q
+// and K rows (and biases) are permuted so that adjacent pairs hold what the halves held: the
+// permutation llama.cpp's converter applies to Llama checkpoints. f32 weights only.
+std::string as_adjacent_llama(const std::string& qwen2_path, const std::string& out_path) {
+  const auto file = gguf::File::open(qwen2_path);
+  const int head_dim = static_cast<int>(file->get_u64("qwen2.rope.dimension_count"));
+  gguf::Writer w;
+  for (const auto& [key, value] : file->metadata()) {
+    std::string name = key;
+    if (name.rfind("qwen2.", 0) == 0) name = "llama." + name.substr(6);
+    if (name == "general.architecture") {
+      w.set_string(name, "llama");
+    } else {
+      w.set(name, value);
+    }
+  }
+  for (const gguf::TensorInfo& t : file->tensors()) {
+    const bool permute =
+        t.name.find("attn_q.") != std::string::npos || t.name.find("attn_k.") != std::string::npos;
+    w.add_tensor(t.name, t.dims, t.dtype, [&t, permute, head_dim](uint8_t* dst, size_t bytes) {
+      std::memcpy(dst, t.data, bytes);
+      if (!permute) return;
+      EXPECT_EQ(t.dtype, DType::F32);
+      // Bias vectors are one row of scalars; weight matrices have rows of dims[0] floats.
+      const size_t row = t.dims.size() == 1 ? 1 : t.dims[0];
+      const size_t rows = t.dims.size() == 1 ? t.dims[0] : t.dims[1];
+      const auto* src = reinterpret_cast<const float*>(t.data);
+      auto* out = reinterpret_cast<float*>(dst);
+      const int half = head_dim / 2;
+      for (size_t r = 0; r < rows; ++r) {
+        const size_t head = r / head_dim, i = r % head_dim;
+        const size_t from = head * head_dim + (i % 2 == 0 ? i / 2 : half + i / 2);
+        std::memcpy(out + r * row, src + from * row, row * sizeof(float));
+      }
+    });
+  }
+  w.write(out_path);
+  return out_path;
+}
+
+double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (a[i] - b[i]) * (a[i] - b[i]);
+    norm += a[i] * a[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+// qwen2 and qwen3: biases and per-head norms change the model, NEOX rotary is llama's adjacent
+// rotary on permuted weights, and the exactness invariant holds for both.
+TEST(LlamaModel, Qwen2AndQwen3ArchitecturesComputeTheirModels) {
+  const auto dir = testing::scratch_dir();
+  const auto write = [&](const std::string& arch, DType t) {
+    SyntheticOptions o;
+    o.preset = block_elements(t) == 256 ? "small" : "tiny";
+    o.arch = arch;
+    o.dtype = t;
+    const std::string path = (dir / (arch + "-" + std::string(dtype_name(t)) + ".gguf")).string();
+    write_synthetic_model(o, path);
+    return path;
+  };
+  const std::string qwen2 = write("qwen2", DType::F32), qwen3 = write("qwen3", DType::F32);
+  const std::string llama = testing::synthetic_model_path("tiny", DType::F32);
+  const auto logits = [](const std::string& path) {
+    Rig rig(path, 1);
+    return rig.recompute(long_prompt(50, rig.model->config().n_vocab));
+  };
+  EXPECT_EQ(LlamaModel::load(qwen2)->config().rope_layout, RopeLayout::kHalves);
+  EXPECT_TRUE(LlamaModel::load(qwen3)->config().qk_norm);
+  const std::vector<float> l = logits(llama), q2 = logits(qwen2), q3 = logits(qwen3);
+  EXPECT_GT(relative_difference(l, q2), 0.01);  // the biases and the rotary layout matter
+  EXPECT_GT(relative_difference(l, q3), 0.01);  // so do the Q/K norms
+  const std::vector<float> twin = logits(as_adjacent_llama(qwen2, (dir / "twin.gguf").string()));
+  EXPECT_LT(relative_difference(q2, twin), 1e-5);  // only the order of attention's sums differs
+
+  for (const std::string& path :
+       {qwen2, qwen3, write("qwen2", DType::Q4_K), write("qwen3", DType::Q8_0)}) {
+    SCOPED_TRACE(path);
+    expect_cache_equals_recompute(path, DType::F16, 2);
+    expect_cache_equals_recompute(path, DType::Q8_0, 1);
+  }
+  // A qwen3 file without its Q norms is refused, naming the tensor.
+  const auto file = gguf::File::open(qwen3);
+  gguf::Writer w;
+  for (const auto& [key, value] : file->metadata()) w.set(key, value);
+  for (const gguf::TensorInfo& t : file->tensors()) {
+    if (t.name == "blk.1.attn_q_norm.weight") continue;
+    w.add_tensor(t.name, t.dims, t.dtype,
+                 [&t](uint8_t* dst, size_t bytes) { std::memcpy(dst, t.data, bytes); });
+  }
+  const std::string broken = (dir / "qwen3-no-q-norm.gguf").string();
+  w.write(broken);
+  EXPECT_THAT([&] { LlamaModel::load(broken); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("blk.1.attn_q_norm.weight")));
+}
+
 std::vector<int32_t> long_prompt(int n, int n_vocab) {
   Rng rng(3);
   std::vector<int32_t> p = {1};
