@@ -296,6 +296,12 @@ struct IntTile {
   }
 };
 
+// 16 int16 values as f32.
+inline __m512 widen_i16(const int16_t* v) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(v))));
+}
+
 // A q8_0 activation row as the K-quant tile reads it, per 256 elements: the bytes; per pair of
 // 32-element groups, the first group's scale in lanes 0-7 and the second's in 8-15; and per 16
 // elements, scale * the sum of their bytes (for the weights' offsets).
@@ -348,12 +354,13 @@ struct KQuantTile512 {
     __m512 acc[MR][NR];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_setzero_ps();
-    Unpacked<256> up[NR];
+    UnpackedK up[NR];
     for (size_t s = 0; s < n / 256; ++s) {
-      __m512 scales[NR];
+      __m512 scales[NR], offsets[NR];
       for (int j = 0; j < NR; ++j) {
         U::unpack(reinterpret_cast<const Block*>(w + j * ws)[s], up[j]);
-        scales[j] = _mm512_loadu_ps(up[j].scale);
+        scales[j] = _mm512_mul_ps(_mm512_set1_ps(up[j].d), widen_i16(up[j].scale));
+        offsets[j] = _mm512_mul_ps(_mm512_set1_ps(up[j].offset_unit), widen_i16(up[j].offset));
       }
 #pragma GCC unroll 4
       for (int p = 0; p < 4; ++p) {
@@ -385,7 +392,7 @@ struct KQuantTile512 {
         const __m512 sums = _mm512_loadu_ps(b[r][s].sums);
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) {
-          acc[r][j] = _mm512_fmadd_ps(_mm512_loadu_ps(up[j].offset), sums, acc[r][j]);
+          acc[r][j] = _mm512_fmadd_ps(offsets[j], sums, acc[r][j]);
         }
       }
     }

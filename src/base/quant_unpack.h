@@ -12,25 +12,37 @@
 
 template <int U>
 struct Unpacked {
-  alignas(32) uint8_t q[U];
+  alignas(64) uint8_t q[U];
   float scale[U / 16];
   float offset[U / 16];
 };
 
+// A K super-block with its scales still integers, for kernels that convert them 16 at a time:
+// element e = (d * scale[e / 16]) * q[e] + offset_unit * offset[e / 16], the same values as
+// the Unpacked<256> form (offset_unit * offset[k] there is a single rounding too: each format's
+// offset is an integer times one f16 unit, times a power of two at most).
+struct UnpackedK {
+  alignas(64) uint8_t q[256];
+  alignas(32) int16_t scale[16];
+  alignas(32) int16_t offset[16];
+  float d, offset_unit;
+};
+
+// The Unpacked<256> form of a K super-block (every unpacker's generic entry point).
+template <class K>
+inline void unpack_k(const typename K::Block& b, Unpacked<256>& out) {
+  UnpackedK k;
+  K::unpack(b, k);
+  for (int e = 0; e < 256; ++e) out.q[e] = k.q[e];
+  for (int i = 0; i < 16; ++i) {
+    out.scale[i] = k.d * static_cast<float>(k.scale[i]);
+    out.offset[i] = k.offset_unit * static_cast<float>(k.offset[i]);
+  }
+}
+
 inline uint32_t load_u32_le(const uint8_t* p) {
   return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
          static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
-}
-
-// q4_K and q5_K's 6-bit scale and minimum of sub-block j (0..7) from their 12 packed bytes.
-inline void k4_scale_min(const uint8_t* s, int j, int* scale, int* min) {
-  if (j < 4) {
-    *scale = s[j] & 63;
-    *min = s[j + 4] & 63;
-  } else {
-    *scale = (s[j + 4] & 0x0f) | (s[j - 4] >> 6) << 4;
-    *min = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
-  }
 }
 
 // q3_K's 6-bit scale (0..63, 32 meaning zero) of sub-block k (0..15) from its 12 packed bytes.
@@ -100,20 +112,22 @@ inline void unpack_two_bits(const uint8_t* qs, uint8_t* q) {
 struct UnpackQ2_K {
   using Block = BlockQ2_K;
   static constexpr int kUnit = 256;
-  static void unpack(const Block& b, Unpacked<256>& out) {
+  static void unpack(const Block& b, UnpackedK& out) {
     unpack_two_bits(b.qs, out.q);
-    const float d = f16_to_f32(b.d), dmin = f16_to_f32(b.dmin);
     for (int k = 0; k < 16; ++k) {
-      out.scale[k] = d * static_cast<float>(b.scales[k] & 0x0f);
-      out.offset[k] = -(dmin * static_cast<float>(b.scales[k] >> 4));
+      out.scale[k] = b.scales[k] & 0x0f;
+      out.offset[k] = b.scales[k] >> 4;
     }
+    out.d = f16_to_f32(b.d);
+    out.offset_unit = -f16_to_f32(b.dmin);
   }
+  static void unpack(const Block& b, Unpacked<256>& out) { unpack_k<UnpackQ2_K>(b, out); }
 };
 
 struct UnpackQ3_K {
   using Block = BlockQ3_K;
   static constexpr int kUnit = 256;
-  static void unpack(const Block& b, Unpacked<256>& out) {
+  static void unpack(const Block& b, UnpackedK& out) {
     unpack_two_bits(b.qs, out.q);
     for (int h = 0; h < 2; ++h) {
       for (int j = 0; j < 4; ++j) {
@@ -122,29 +136,41 @@ struct UnpackQ3_K {
         }
       }
     }
-    const float d = f16_to_f32(b.d);
     for (int k = 0; k < 16; ++k) {
-      out.scale[k] = d * static_cast<float>(k3_scale(b.scales, k) - 32);
-      out.offset[k] = -4.0f * out.scale[k];
+      out.scale[k] = static_cast<int16_t>(k3_scale(b.scales, k) - 32);
+      out.offset[k] = static_cast<int16_t>(-4 * out.scale[k]);
     }
+    out.d = out.offset_unit = f16_to_f32(b.d);
   }
+  static void unpack(const Block& b, Unpacked<256>& out) { unpack_k<UnpackQ3_K>(b, out); }
 };
 
+// q4_K and q5_K's eight 6-bit scales and minima, each written for both halves of its 32. Of
+// the 12 packed bytes, bytes 0-3 hold scales 0-3 and bytes 4-7 minima 0-3 in their low six
+// bits; scales and minima 4-7 take their low four bits from the nibbles of bytes 8-11 and their
+// top two from the spare bits of bytes 0-3 and 4-7. Four bytes per 32-bit operation.
 template <class B>
-inline void k4_subblocks(const B& b, Unpacked<256>& out) {
-  const float d = f16_to_f32(b.d), dmin = f16_to_f32(b.dmin);
+inline void k4_subblocks(const B& b, UnpackedK& out) {
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+  const uint32_t a = load_u32_le(b.scales), m = load_u32_le(b.scales + 4),
+                 h = load_u32_le(b.scales + 8);
+  const uint32_t scales[2] = {a & kLow6, (h & kLow4) | ((a >> 6) & kLow2) << 4};
+  const uint32_t mins[2] = {m & kLow6, ((h >> 4) & kLow4) | ((m >> 6) & kLow2) << 4};
   for (int j = 0; j < 8; ++j) {
-    int scale, min;
-    k4_scale_min(b.scales, j, &scale, &min);
-    out.scale[2 * j] = out.scale[2 * j + 1] = d * static_cast<float>(scale);
-    out.offset[2 * j] = out.offset[2 * j + 1] = -(dmin * static_cast<float>(min));
+    const auto scale = static_cast<int16_t>((scales[j / 4] >> (8 * (j % 4))) & 0xff);
+    const auto min = static_cast<int16_t>((mins[j / 4] >> (8 * (j % 4))) & 0xff);
+    out.scale[2 * j] = out.scale[2 * j + 1] = scale;
+    out.offset[2 * j] = out.offset[2 * j + 1] = min;
   }
+  out.d = f16_to_f32(b.d);
+  out.offset_unit = -f16_to_f32(b.dmin);
 }
 
 struct UnpackQ4_K {
   using Block = BlockQ4_K;
   static constexpr int kUnit = 256;
-  static void unpack(const Block& b, Unpacked<256>& out) {
+  static void unpack(const Block& b, Unpacked<256>& out) { unpack_k<UnpackQ4_K>(b, out); }
+  static void unpack(const Block& b, UnpackedK& out) {
     for (int c = 0; c < 4; ++c) {
       for (int l = 0; l < 32; ++l) {
         out.q[64 * c + l] = b.qs[32 * c + l] & 0x0f;
@@ -158,7 +184,8 @@ struct UnpackQ4_K {
 struct UnpackQ5_K {
   using Block = BlockQ5_K;
   static constexpr int kUnit = 256;
-  static void unpack(const Block& b, Unpacked<256>& out) {
+  static void unpack(const Block& b, Unpacked<256>& out) { unpack_k<UnpackQ5_K>(b, out); }
+  static void unpack(const Block& b, UnpackedK& out) {
     for (int c = 0; c < 4; ++c) {
       for (int l = 0; l < 32; ++l) {
         out.q[64 * c + l] =
@@ -174,7 +201,8 @@ struct UnpackQ5_K {
 struct UnpackQ6_K {
   using Block = BlockQ6_K;
   static constexpr int kUnit = 256;
-  static void unpack(const Block& b, Unpacked<256>& out) {
+  static void unpack(const Block& b, Unpacked<256>& out) { unpack_k<UnpackQ6_K>(b, out); }
+  static void unpack(const Block& b, UnpackedK& out) {
     for (int h = 0; h < 2; ++h) {
       for (int p = 0; p < 4; ++p) {
         for (int l = 0; l < 32; ++l) {
@@ -184,11 +212,11 @@ struct UnpackQ6_K {
         }
       }
     }
-    const float d = f16_to_f32(b.d);
     for (int k = 0; k < 16; ++k) {
-      out.scale[k] = d * static_cast<float>(b.scales[k]);
-      out.offset[k] = -32.0f * out.scale[k];
+      out.scale[k] = b.scales[k];
+      out.offset[k] = static_cast<int16_t>(-32 * b.scales[k]);
     }
+    out.d = out.offset_unit = f16_to_f32(b.d);
   }
 };
 
