@@ -220,11 +220,11 @@ const GemmTable* avx2_gemm() {
       gemm_tiled<UnpackedTile<UnpackQ4_1, 3, 2>>,
       gemm_tiled<UnpackedTile<UnpackQ5_0, 3, 2>>,
       gemm_tiled<UnpackedTile<UnpackQ5_1, 3, 2>>,
-      gemm_tiled<UnpackedTile<UnpackQ2_K, 3, 2>>,
-      gemm_tiled<UnpackedTile<UnpackQ3_K, 3, 2>>,
-      gemm_tiled<UnpackedTile<UnpackQ4_K, 3, 2>>,
-      gemm_tiled<UnpackedTile<UnpackQ5_K, 3, 2>>,
-      gemm_tiled<UnpackedTile<UnpackQ6_K, 3, 2>>,
+      gemm_tiled<KQuantTile256<UnpackQ2_K, 3, 2>>,
+      gemm_tiled<KQuantTile256<UnpackQ3_K, 3, 2>>,
+      gemm_tiled<KQuantTile256<UnpackQ4_K, 3, 2>>,
+      gemm_tiled<KQuantTile256<UnpackQ5_K, 3, 2>>,
+      gemm_tiled<KQuantTile256<UnpackQ6_K, 3, 2>>,
   }};
   return &table;
 }

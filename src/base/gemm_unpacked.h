@@ -1,6 +1,6 @@
-// The GEMM tile for weights of quant_unpack.h's types (q4_1, q5_0, q5_1, q2_K..q6_K) against
+// The GEMM tiles for weights of quant_unpack.h's types (q4_1, q5_0, q5_1, q2_K..q6_K) against
 // q8_0 activations, written once over 256-bit vectors for every x86 instruction set (internal
-// to base/).
+// to base/): UnpackedTile for any of them, KQuantTile256 for the K-quants' super-blocks.
 //
 // Included by each gemm_*.cc after its target pragma, inside an anonymous namespace, after
 // simd_reduce.h, gemm_tiles.h and quant_unpack.h, and after the file's own
@@ -90,6 +90,120 @@ struct UnpackedTile {
             acc[r][j] = _mm256_fmadd_ps(_mm256_mul_ps(wscale[j], dx), dot, acc[r][j]);
             acc[r][j] = _mm256_fmadd_ps(woffset[j], sums, acc[r][j]);
           }
+        }
+      }
+    }
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < NR; ++j) y[r * ys + j] = hsum256(acc[r][j]);
+  }
+};
+
+// A q8_0 activation row as the 256-bit K-quant tile reads it, per 256 elements: the bytes,
+// each 32-element group's scale, and per 16 elements scale * the sum of their bytes.
+struct PreparedSuperBlock256 {
+  int8_t x[256];
+  float scale[8];
+  float sums[16];
+};
+
+// 16 int16 values as f32 in two halves of 8.
+inline void widen_i16_halves(const int16_t* v, __m256* lo, __m256* hi) {
+  const __m256i all = _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
+  *lo = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(all)));
+  *hi = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(all, 1)));
+}
+
+// K-quant weights (256-element super-blocks) over 256-bit vectors: per group of 32 and output,
+// acc += (w_scale * x_scale) * dot(q, x), each lane's weight scale taken by one permute from the
+// super-block's 16 scales (widened from integers once per super-block), and the offsets joined
+// once per super-block through the 16 sums. The same operations for every output whatever the
+// tile's shape.
+template <class U, int Rows, int Cols>
+struct KQuantTile256 {
+  static_assert(U::kUnit == 256);
+  static constexpr int kRows = Rows;
+  static constexpr int kCols = Cols;
+  using Block = typename U::Block;
+
+  static const uint8_t* prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
+                                size_t* stride) {
+    *stride = n / 256 * sizeof(PreparedSuperBlock256);
+    uint8_t* out = gemm_scratch(*stride * n_x);
+    for (size_t r = 0; r < n_x; ++r) {
+      const auto* b = reinterpret_cast<const BlockQ8_0*>(x + r * x_stride);
+      auto* p = reinterpret_cast<PreparedSuperBlock256*>(out + r * *stride);
+      for (size_t s = 0; s < n / 256; ++s) {
+        for (int g = 0; g < 8; ++g) {
+          const BlockQ8_0& xb = b[8 * s + g];
+          const float d = half(xb.d);
+          for (int i = 0; i < 32; ++i) p[s].x[32 * g + i] = xb.qs[i];
+          p[s].scale[g] = d;
+          for (int h = 0; h < 2; ++h) {
+            int sum = 0;
+            for (int i = 0; i < 16; ++i) sum += xb.qs[16 * h + i];
+            p[s].sums[2 * g + h] = d * static_cast<float>(sum);
+          }
+        }
+      }
+    }
+    return out;
+  }
+
+  template <int MR, int NR>
+  static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
+                   size_t ys) {
+    const PreparedSuperBlock256* b[MR];
+    for (int r = 0; r < MR; ++r) {
+      b[r] = reinterpret_cast<const PreparedSuperBlock256*>(x + r * xs);
+    }
+    __m256 acc[MR][NR];
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_setzero_ps();
+    UnpackedK up[NR];
+    for (size_t s = 0; s < n / 256; ++s) {
+      __m256 scales[NR][2];
+      for (int j = 0; j < NR; ++j) {
+        U::unpack(reinterpret_cast<const Block*>(w + j * ws)[s], up[j]);
+        widen_i16_halves(up[j].scale, &scales[j][0], &scales[j][1]);
+        const __m256 d = _mm256_set1_ps(up[j].d);
+        scales[j][0] = _mm256_mul_ps(d, scales[j][0]);
+        scales[j][1] = _mm256_mul_ps(d, scales[j][1]);
+      }
+      for (int g = 0; g < 8; ++g) {
+        // Lane l of group g covers elements 32g + 4l..32g + 4l + 3: sub-block 2g + l / 4,
+        // found in the half of the 16 scales that holds sub-blocks 8 (g / 4) on.
+        const __m256i sub = _mm256_add_epi32(_mm256_set1_epi32(2 * (g % 4)),
+                                             _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0));
+        __m256i wq[NR];
+        __m256 wscale[NR];
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) {
+          wq[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(up[j].q + 32 * g));
+          wscale[j] = _mm256_permutevar8x32_ps(scales[j][g / 4], sub);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+          const __m256i xv =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[r][s].x + 32 * g));
+          const __m256 dx = _mm256_broadcast_ss(&b[r][s].scale[g]);
+#pragma GCC unroll 8
+          for (int j = 0; j < NR; ++j) {
+            const __m256 dot = _mm256_cvtepi32_ps(dot_u8s8(wq[j], xv));
+            acc[r][j] = _mm256_fmadd_ps(_mm256_mul_ps(wscale[j], dx), dot, acc[r][j]);
+          }
+        }
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) {
+        __m256 lo, hi;
+        widen_i16_halves(up[j].offset, &lo, &hi);
+        const __m256 unit = _mm256_set1_ps(up[j].offset_unit);
+        lo = _mm256_mul_ps(unit, lo);
+        hi = _mm256_mul_ps(unit, hi);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+          acc[r][j] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(b[r][s].sums), acc[r][j]);
+          acc[r][j] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(b[r][s].sums + 8), acc[r][j]);
         }
       }
     }
