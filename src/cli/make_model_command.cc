@@ -38,10 +38,10 @@ void add_make_model_command(CLI::App& app) {
                   "Override the preset's context length (llama.context_length)");
   cmd->add_option("--seed", a->seed, "Weight seed")->capture_default_str();
   cmd->add_option("--arch", a->arch,
-                  "general.architecture: llama, qwen2 (Q/K/V biases, NEOX rope) or qwen3 (per-head "
-                  "Q/K norms, NEOX rope)")
+                  "general.architecture: llama, qwen2 (Q/K/V biases, NEOX rope), qwen3 (per-head "
+                  "Q/K norms, NEOX rope) or phi3 (fused QKV and gate/up, NEOX rope)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"llama", "qwen2", "qwen3"}));
+      ->check(CLI::IsMember({"llama", "qwen2", "qwen3", "phi3"}));
   cmd->add_option("--rope-freqs", a->rope_freqs,
                   "Write a rope_freqs.weight tensor: llama3.1 (Llama 3.1's long-context factors)")
       ->check(CLI::IsMember({"llama3.1"}));

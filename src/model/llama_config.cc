@@ -1,5 +1,7 @@
 #include "model/llama_config.h"
 
+#include <algorithm>
+
 #include "base/error.h"
 #include "model/gguf.h"
 
@@ -17,9 +19,10 @@ int positive_int(const gguf::File& f, const std::string& key, uint64_t value) {
 LlamaConfig LlamaConfig::from_gguf(const gguf::File& f) {
   LlamaConfig c;
   c.architecture = f.get_string("general.architecture");
-  if (c.architecture != "llama" && c.architecture != "qwen2" && c.architecture != "qwen3") {
-    fail("{}: architecture '{}' is not supported (kvcache runs llama, qwen2 and qwen3)", f.label(),
-         c.architecture);
+  if (c.architecture != "llama" && c.architecture != "qwen2" && c.architecture != "qwen3" &&
+      c.architecture != "phi3") {
+    fail("{}: architecture '{}' is not supported (kvcache runs llama, qwen2, qwen3 and phi3)",
+         f.label(), c.architecture);
   }
   if (c.architecture != "llama") c.rope_layout = RopeLayout::kHalves;
   c.qk_norm = c.architecture == "qwen3";
@@ -73,6 +76,10 @@ LlamaConfig LlamaConfig::from_gguf(const gguf::File& f) {
           "per-dimension factors of a rope_freqs.weight tensor, as Llama 3.1 files carry)",
           f.label(), scaling->describe());
     }
+  }
+  if (const uint64_t window = f.get_u64(p + "attention.sliding_window", 0); window > 0) {
+    c.sliding_window = positive_int(f, p + "attention.sliding_window", window);
+    c.context_length = std::min(c.context_length, c.sliding_window);
   }
   c.n_vocab = positive_int(f, "tokenizer.ggml.tokens", f.get_array("tokenizer.ggml.tokens").size());
   return c;

@@ -15,11 +15,13 @@ namespace kvc::model {
 
 // How rotary embedding pairs a head's dimensions: adjacent (x[2i], x[2i+1]) for llama, whose
 // converter permutes Q and K to suit, or halves (x[i], x[i + n_rot/2]) for the architectures
-// llama.cpp runs in its NEOX mode (qwen2, qwen3).
+// llama.cpp runs in its NEOX mode (qwen2, qwen3, phi3).
 enum class RopeLayout : uint8_t { kAdjacent, kHalves };
 
 struct LlamaConfig {
-  std::string architecture;  // llama, qwen2 (Q/K/V biases) or qwen3 (per-head Q/K RMSNorm)
+  // llama, qwen2 (Q/K/V biases), qwen3 (per-head Q/K RMSNorm) or phi3 (fused QKV and
+  // gate/up matrices).
+  std::string architecture;
   std::string name;
   int n_vocab = 0;
   int n_embd = 0;
@@ -38,6 +40,9 @@ struct LlamaConfig {
   RopeLayout rope_layout = RopeLayout::kAdjacent;
   // qwen3: each head of Q and K is RMS-normalised (attn_q_norm, attn_k_norm) before rotary.
   bool qk_norm = false;
+  // The file's attention.sliding_window (0 if none). Attention is full, so context_length is
+  // capped at the window, inside which the two are the same.
+  int sliding_window = 0;
 
   // Reads and validates {arch}.* keys; throws Error naming the key at fault. The vocabulary
   // size comes from tokenizer.ggml.tokens.

@@ -32,6 +32,10 @@ WeightView LlamaModel::matrix(const std::string& name, size_t in_dim, size_t out
   return WeightView{t.dtype, t.data, out_dim, in_dim};
 }
 
+WeightView LlamaModel::rows_of(const WeightView& w, size_t first, size_t count) {
+  return WeightView{w.dtype, w.row(first), count, w.in_dim};
+}
+
 std::vector<float> LlamaModel::vector(const std::string& name, size_t n) const {
   const gguf::TensorInfo& t = file_->tensor(name);
   if (t.dims.size() != 1 || t.dims[0] != n) {
@@ -49,6 +53,9 @@ void LlamaModel::bind_weights() {
   const WeightView embd = matrix("token_embd.weight", d, c.n_vocab);
   output_norm_ = vector("output_norm.weight", d);
   output_ = file_->find_tensor("output.weight") ? matrix("output.weight", d, c.n_vocab) : embd;
+  if (file_->find_tensor("rope_factors_long.weight") != nullptr) {
+    fail("{}: LongRoPE (rope_factors_long.weight, Phi-3 128k) is not supported", file_->label());
+  }
   if (file_->find_tensor("rope_freqs.weight") != nullptr) {
     rope_freq_factors_ = vector("rope_freqs.weight", c.n_rot / 2);
     for (float f : rope_freq_factors_) {
@@ -65,12 +72,27 @@ void LlamaModel::bind_weights() {
     LayerWeights& w = layers_[l];
     w.attn_norm = vector(p + "attn_norm.weight", d);
     w.ffn_norm = vector(p + "ffn_norm.weight", d);
-    w.wq = matrix(p + "attn_q.weight", d, c.q_dim());
-    w.wk = matrix(p + "attn_k.weight", d, c.kv_dim());
-    w.wv = matrix(p + "attn_v.weight", d, c.kv_dim());
+    // phi3 fuses Q, K and V into one matrix, and the FFN's gate and up (gate first): their
+    // parts are views of consecutive rows, computed exactly as separate matrices would be.
+    if (file_->find_tensor(p + "attn_qkv.weight") != nullptr) {
+      const WeightView qkv = matrix(p + "attn_qkv.weight", d, c.q_dim() + 2 * c.kv_dim());
+      w.wq = rows_of(qkv, 0, c.q_dim());
+      w.wk = rows_of(qkv, c.q_dim(), c.kv_dim());
+      w.wv = rows_of(qkv, c.q_dim() + c.kv_dim(), c.kv_dim());
+    } else {
+      w.wq = matrix(p + "attn_q.weight", d, c.q_dim());
+      w.wk = matrix(p + "attn_k.weight", d, c.kv_dim());
+      w.wv = matrix(p + "attn_v.weight", d, c.kv_dim());
+    }
     w.wo = matrix(p + "attn_output.weight", c.q_dim(), d);
-    w.w_gate = matrix(p + "ffn_gate.weight", d, c.n_ff);
-    w.w_up = matrix(p + "ffn_up.weight", d, c.n_ff);
+    if (file_->find_tensor(p + "ffn_gate.weight") == nullptr && c.architecture == "phi3") {
+      const WeightView gate_up = matrix(p + "ffn_up.weight", d, 2 * c.n_ff);
+      w.w_gate = rows_of(gate_up, 0, c.n_ff);
+      w.w_up = rows_of(gate_up, c.n_ff, c.n_ff);
+    } else {
+      w.w_gate = matrix(p + "ffn_gate.weight", d, c.n_ff);
+      w.w_up = matrix(p + "ffn_up.weight", d, c.n_ff);
+    }
     w.w_down = matrix(p + "ffn_down.weight", c.n_ff, d);
     const auto optional_vector = [&](const std::string& name, size_t n) {
       return file_->find_tensor(name) != nullptr ? vector(name, n) : std::vector<float>{};

@@ -72,6 +72,8 @@ class LlamaModel {
   LlamaModel() = default;
   void bind_weights();
   WeightView matrix(const std::string& name, size_t in_dim, size_t out_dim) const;
+  // Rows [first, first + count) of w, in place.
+  static WeightView rows_of(const WeightView& w, size_t first, size_t count);
   std::vector<float> vector(const std::string& name, size_t n) const;
   void attention(ThreadPool& threads, kv::BlockPool& pool, std::span<const BatchRow> rows,
                  int layer, ForwardScratch& s) const;

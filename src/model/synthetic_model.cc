@@ -108,10 +108,14 @@ std::vector<TensorPlan> plan_tensors(const SyntheticPreset& p, const SyntheticOp
   for (int l = 0; l < layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     t.push_back({b + "attn_norm.weight", {d}, DType::F32, TensorPlan::kNorm});
-    t.push_back({b + "attn_q.weight", {d, q}, matrix_type(d), TensorPlan::kMatrix});
-    t.push_back({b + "attn_k.weight", {d, kv}, matrix_type(d), TensorPlan::kMatrix});
-    t.push_back(
-        {b + "attn_v.weight", {d, kv}, matrix_type(d, more_bits_layer(l)), TensorPlan::kMatrix});
+    if (o.arch == "phi3") {
+      t.push_back({b + "attn_qkv.weight", {d, q + 2 * kv}, matrix_type(d), TensorPlan::kMatrix});
+    } else {
+      t.push_back({b + "attn_q.weight", {d, q}, matrix_type(d), TensorPlan::kMatrix});
+      t.push_back({b + "attn_k.weight", {d, kv}, matrix_type(d), TensorPlan::kMatrix});
+      t.push_back(
+          {b + "attn_v.weight", {d, kv}, matrix_type(d, more_bits_layer(l)), TensorPlan::kMatrix});
+    }
     if (o.arch == "qwen2") {
       t.push_back({b + "attn_q.bias", {q}, DType::F32, TensorPlan::kBias});
       t.push_back({b + "attn_k.bias", {kv}, DType::F32, TensorPlan::kBias});
@@ -123,8 +127,12 @@ std::vector<TensorPlan> plan_tensors(const SyntheticPreset& p, const SyntheticOp
     }
     t.push_back({b + "attn_output.weight", {q, d}, matrix_type(q), TensorPlan::kMatrix});
     t.push_back({b + "ffn_norm.weight", {d}, DType::F32, TensorPlan::kNorm});
-    t.push_back({b + "ffn_gate.weight", {d, ff}, matrix_type(d), TensorPlan::kMatrix});
-    t.push_back({b + "ffn_up.weight", {d, ff}, matrix_type(d), TensorPlan::kMatrix});
+    if (o.arch == "phi3") {  // gate and up fused, gate first
+      t.push_back({b + "ffn_up.weight", {d, 2 * ff}, matrix_type(d), TensorPlan::kMatrix});
+    } else {
+      t.push_back({b + "ffn_gate.weight", {d, ff}, matrix_type(d), TensorPlan::kMatrix});
+      t.push_back({b + "ffn_up.weight", {d, ff}, matrix_type(d), TensorPlan::kMatrix});
+    }
     t.push_back(
         {b + "ffn_down.weight", {ff, d}, matrix_type(ff, more_bits_layer(l)), TensorPlan::kMatrix});
   }
@@ -240,8 +248,8 @@ void write_synthetic_model(const SyntheticOptions& o, const std::string& path,
   const SyntheticPreset& p = find_synthetic_preset(o.preset);
   if (o.dtype == DType::BF16) fail("make-model does not write bf16 weights");
   const int layers = layer_count(p, o);
-  if (o.arch != "llama" && o.arch != "qwen2" && o.arch != "qwen3") {
-    fail("--arch must be llama, qwen2 or qwen3, got '{}'", o.arch);
+  if (o.arch != "llama" && o.arch != "qwen2" && o.arch != "qwen3" && o.arch != "phi3") {
+    fail("--arch must be llama, qwen2, qwen3 or phi3, got '{}'", o.arch);
   }
   const std::string arch = o.arch;
   gguf::Writer w;

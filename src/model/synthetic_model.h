@@ -34,7 +34,8 @@ const SyntheticPreset& find_synthetic_preset(const std::string& name);
 
 struct SyntheticOptions {
   std::string preset = "tiny";
-  // general.architecture: llama, qwen2 (adds Q/K/V biases) or qwen3 (adds per-head Q/K norms).
+  // general.architecture: llama, qwen2 (adds Q/K/V biases), qwen3 (adds per-head Q/K norms) or
+  // phi3 (fuses Q/K/V and gate/up).
   std::string arch = "llama";
   DType dtype = DType::F32;  // matrices; norms stay f32
   int layers = 0;            // > 0 overrides the preset's layer count

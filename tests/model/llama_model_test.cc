@@ -416,6 +416,80 @@ TEST(LlamaModel, Qwen2AndQwen3ArchitecturesComputeTheirModels) {
               ::testing::ThrowsMessage<Error>(HasSubstr("blk.1.attn_q_norm.weight")));
 }
 
+// phi3's fused matrices are read as views of their rows: a phi3 file gives the bits of the
+// same weights split into separate Q, K, V, gate and up tensors (a qwen2 file without biases,
+// which rotates alike). Its sliding window caps the context, inside which attention is full.
+TEST(LlamaModel, Phi3FusedMatricesAreTheirSplitParts) {
+  const auto dir = testing::scratch_dir();
+  for (DType t : {DType::F32, DType::Q4_K}) {
+    SyntheticOptions o;
+    o.preset = block_elements(t) == 256 ? "small" : "tiny";
+    o.arch = "phi3";
+    o.dtype = t;
+    const std::string phi3 = (dir / ("phi3-" + std::string(dtype_name(t)) + ".gguf")).string();
+    write_synthetic_model(o, phi3);
+    const auto file = gguf::File::open(phi3);
+    const auto& c = LlamaModel::load(phi3)->config();
+    const size_t q = c.q_dim(), kv = c.kv_dim(), ff = c.n_ff;
+    gguf::Writer w;
+    for (const auto& [key, value] : file->metadata()) {
+      std::string name = key;
+      if (name.rfind("phi3.", 0) == 0) name = "qwen2." + name.substr(5);
+      if (name == "general.architecture") {
+        w.set_string(name, "qwen2");
+      } else {
+        w.set(name, value);
+      }
+    }
+    const auto add_rows = [&](const gguf::TensorInfo& t, const std::string& name, size_t first,
+                              size_t count) {
+      const size_t stride = row_bytes(t.dtype, t.dims[0]);
+      w.add_tensor(name, {t.dims[0], count}, t.dtype, [&t, stride, first](uint8_t* dst, size_t n) {
+        std::memcpy(dst, t.data + first * stride, n);
+      });
+    };
+    for (const gguf::TensorInfo& t : file->tensors()) {
+      const std::string prefix = t.name.substr(0, t.name.find('.', 4) + 1);
+      if (t.name.ends_with("attn_qkv.weight")) {
+        add_rows(t, prefix + "attn_q.weight", 0, q);
+        add_rows(t, prefix + "attn_k.weight", q, kv);
+        add_rows(t, prefix + "attn_v.weight", q + kv, kv);
+      } else if (t.name.ends_with("ffn_up.weight")) {
+        add_rows(t, prefix + "ffn_gate.weight", 0, ff);
+        add_rows(t, prefix + "ffn_up.weight", ff, ff);
+      } else {
+        w.add_tensor(t.name, t.dims, t.dtype,
+                     [&t](uint8_t* dst, size_t n) { std::memcpy(dst, t.data, n); });
+      }
+    }
+    const std::string split =
+        (dir / ("phi3-split-" + std::string(dtype_name(t)) + ".gguf")).string();
+    w.write(split);
+    Rig a(phi3, 2), b(split, 2);
+    const auto prompt = long_prompt(40, a.model->config().n_vocab);
+    EXPECT_TRUE(same_bits(a.recompute(prompt), b.recompute(prompt))) << dtype_name(t);
+    expect_cache_equals_recompute(phi3, DType::F16, 2);
+  }
+
+  SyntheticOptions o;
+  o.arch = "phi3";
+  const std::string windowed = (dir / "phi3-window.gguf").string();
+  write_synthetic_model(o, windowed);
+  auto file = gguf::File::open(windowed);
+  gguf::Writer w;
+  for (const auto& [key, value] : file->metadata()) w.set(key, value);
+  w.set_u32("phi3.attention.sliding_window", 100);
+  for (const gguf::TensorInfo& t : file->tensors()) {
+    w.add_tensor(t.name, t.dims, t.dtype,
+                 [&t](uint8_t* dst, size_t n) { std::memcpy(dst, t.data, n); });
+  }
+  const std::string capped = (dir / "phi3-window-100.gguf").string();
+  w.write(capped);
+  const auto model = LlamaModel::load(capped);
+  EXPECT_EQ(model->config().sliding_window, 100);
+  EXPECT_EQ(model->config().context_length, 100);
+}
+
 std::vector<int32_t> long_prompt(int n, int n_vocab) {
   Rng rng(3);
   std::vector<int32_t> p = {1};
