@@ -268,6 +268,9 @@ void write_synthetic_model(const SyntheticOptions& o, const std::string& path,
   w.set_u32(arch + ".attention.head_count_kv", p.n_kv_heads);
   w.set_u32(arch + ".rope.dimension_count", p.n_embd / p.n_heads);
   w.set_f32(arch + ".rope.freq_base", p.rope_theta);
+  if (arch == "phi3") {  // Phi-3 files carry their window; this one spans the whole context
+    w.set_u32(arch + ".attention.sliding_window", o.context > 0 ? o.context : p.context_length);
+  }
   if (o.rope_linear_factor > 0.0f) {
     w.set_string(arch + ".rope.scaling.type", "linear");
     w.set_f32(arch + ".rope.scaling.factor", o.rope_linear_factor);
