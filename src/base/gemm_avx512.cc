@@ -302,6 +302,72 @@ inline __m512 widen_i16(const int16_t* v) {
       _mm512_cvtepi16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(v))));
 }
 
+// The most used K types unpacked in registers, for KQuantTile512: the 64 unsigned values of a
+// pair of groups and the super-block's 16 lane scales and offsets, with no trip through
+// memory (whose small stores a wide load cannot forward from). Other types take
+// quant_unpack.h's form.
+template <class U>
+struct Direct512 {
+  static constexpr bool kAvailable = false;
+};
+
+// Its 16 bytes as f32, each of the first eight twice (sub-blocks of 32 cover two of 16).
+inline __m512 widen_u8_pairs(uint32_t lo, uint32_t hi) {
+  const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __m128i bytes =
+      _mm_shuffle_epi8(_mm_set_epi32(0, 0, static_cast<int>(hi), static_cast<int>(lo)), dup);
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+}
+
+template <>
+struct Direct512<UnpackQ4_K> {
+  static constexpr bool kAvailable = true;
+  // Pair p is the 32 bytes qs[32p..]: their low nibbles, then their high nibbles.
+  static __m512i pair(const BlockQ4_K& b, int p) {
+    const __m256i x = load256(b.qs + 32 * p);
+    const __m256i m = _mm256_set1_epi8(0x0f);
+    return join(_mm256_and_si256(x, m), _mm256_and_si256(_mm256_srli_epi16(x, 4), m));
+  }
+  static void scales(const BlockQ4_K& b, __m512* scale, __m512* offset) {
+    constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+    const uint32_t a = load_u32_le(b.scales), m = load_u32_le(b.scales + 4),
+                   h = load_u32_le(b.scales + 8);
+    *scale = _mm512_mul_ps(_mm512_set1_ps(half(b.d)),
+                           widen_u8_pairs(a & kLow6, (h & kLow4) | ((a >> 6) & kLow2) << 4));
+    *offset =
+        _mm512_mul_ps(_mm512_set1_ps(-half(b.dmin)),
+                      widen_u8_pairs(m & kLow6, ((h >> 4) & kLow4) | ((m >> 6) & kLow2) << 4));
+  }
+};
+
+template <>
+struct Direct512<UnpackQ6_K> {
+  static constexpr bool kAvailable = true;
+  // Pair p holds quarters 2 (p % 2) and 2 (p % 2) + 1 of half p / 2: low nibbles (high ones for
+  // odd p) of ql's two 32-byte rows, top two bits from qh.
+  static __m512i pair(const BlockQ6_K& b, int p) {
+    const int h = p / 2, q = 2 * (p % 2);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
+    const __m128i nibble = _mm_cvtsi32_si128(4 * (p % 2));
+    const __m256i low_a = _mm256_and_si256(_mm256_srl_epi16(load256(b.ql + 64 * h), nibble), m4);
+    const __m256i low_b =
+        _mm256_and_si256(_mm256_srl_epi16(load256(b.ql + 64 * h + 32), nibble), m4);
+    const __m256i top = load256(b.qh + 32 * h);
+    const __m256i high_a =
+        _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(top, _mm_cvtsi32_si128(2 * q)), m2), 4);
+    const __m256i high_b = _mm256_slli_epi16(
+        _mm256_and_si256(_mm256_srl_epi16(top, _mm_cvtsi32_si128(2 * q + 2)), m2), 4);
+    return join(_mm256_or_si256(low_a, high_a), _mm256_or_si256(low_b, high_b));
+  }
+  static void scales(const BlockQ6_K& b, __m512* scale, __m512* offset) {
+    const __m512 sc = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales))));
+    const float d = half(b.d);
+    *scale = _mm512_mul_ps(_mm512_set1_ps(d), sc);
+    *offset = _mm512_mul_ps(_mm512_set1_ps(-32.0f * d), sc);
+  }
+};
+
 // A q8_0 activation row as the K-quant tile reads it, per 256 elements: the bytes; per pair of
 // 32-element groups, the first group's scale in lanes 0-7 and the second's in 8-15; and per 16
 // elements, scale * the sum of their bytes (for the weights' offsets).
@@ -354,13 +420,20 @@ struct KQuantTile512 {
     __m512 acc[MR][NR];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_setzero_ps();
-    UnpackedK up[NR];
+    constexpr bool kDirect = Direct512<U>::kAvailable;
+    UnpackedK up[kDirect ? 1 : NR];
     for (size_t s = 0; s < n / 256; ++s) {
       __m512 scales[NR], offsets[NR];
+      const Block* blocks[NR];
       for (int j = 0; j < NR; ++j) {
-        U::unpack(reinterpret_cast<const Block*>(w + j * ws)[s], up[j]);
-        scales[j] = _mm512_mul_ps(_mm512_set1_ps(up[j].d), widen_i16(up[j].scale));
-        offsets[j] = _mm512_mul_ps(_mm512_set1_ps(up[j].offset_unit), widen_i16(up[j].offset));
+        blocks[j] = reinterpret_cast<const Block*>(w + j * ws) + s;
+        if constexpr (kDirect) {
+          Direct512<U>::scales(*blocks[j], &scales[j], &offsets[j]);
+        } else {
+          U::unpack(*blocks[j], up[j]);
+          scales[j] = _mm512_mul_ps(_mm512_set1_ps(up[j].d), widen_i16(up[j].scale));
+          offsets[j] = _mm512_mul_ps(_mm512_set1_ps(up[j].offset_unit), widen_i16(up[j].offset));
+        }
       }
 #pragma GCC unroll 4
       for (int p = 0; p < 4; ++p) {
@@ -372,7 +445,11 @@ struct KQuantTile512 {
         __m512 wscale[NR];
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) {
-          wq[j] = _mm512_load_si512(up[j].q + 64 * p);
+          if constexpr (kDirect) {
+            wq[j] = Direct512<U>::pair(*blocks[j], p);
+          } else {
+            wq[j] = _mm512_load_si512(up[j].q + 64 * p);
+          }
           wscale[j] = _mm512_permutexvar_ps(sub, scales[j]);
         }
 #pragma GCC unroll 8
