@@ -98,6 +98,100 @@ struct UnpackedTile {
   }
 };
 
+// The most used K types unpacked in registers for KQuantTile256: one group's 32 unsigned
+// values, and the super-block's 16 scales and offsets as two halves of 8 lanes, with no trip
+// through memory. Other types take quant_unpack.h's form.
+template <class U>
+struct Direct256 {
+  static constexpr bool kAvailable = false;
+};
+
+// Eight bytes (each of the first four twice when pairs) as f32 lanes.
+inline __m256 widen_u8(uint64_t bytes) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(bytes))));
+}
+
+// The bytes of w, each twice, from the lowest: b0 b0 b1 b1 b2 b2 b3 b3.
+inline uint64_t twice(uint32_t w) {
+  uint64_t x = w;
+  x = (x | x << 16) & 0x0000ffff0000ffffull;
+  x = (x | x << 8) & 0x00ff00ff00ff00ffull;
+  return x | x << 8;
+}
+
+// q4_K and q5_K's scales and minima as two halves of 8 lanes each.
+template <class B>
+inline void k4_lane_scales(const B& b, __m256 scale[2], __m256 offset[2]) {
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+  const uint32_t a = load_u32_le(b.scales), m = load_u32_le(b.scales + 4),
+                 h = load_u32_le(b.scales + 8);
+  const uint32_t sc[2] = {a & kLow6, (h & kLow4) | ((a >> 6) & kLow2) << 4};
+  const uint32_t mn[2] = {m & kLow6, ((h >> 4) & kLow4) | ((m >> 6) & kLow2) << 4};
+  const __m256 d = _mm256_set1_ps(half(b.d)), dmin = _mm256_set1_ps(-half(b.dmin));
+  for (int i = 0; i < 2; ++i) {
+    scale[i] = _mm256_mul_ps(d, widen_u8(twice(sc[i])));
+    offset[i] = _mm256_mul_ps(dmin, widen_u8(twice(mn[i])));
+  }
+}
+
+// Group g of q4_K or q5_K: the low (even g) or high (odd g) nibbles of qs[32 (g / 2)..].
+inline __m256i k4_nibbles(const uint8_t* qs, int g) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (g / 2)));
+  const __m256i shifted = g % 2 == 0 ? x : _mm256_srli_epi16(x, 4);
+  return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f));
+}
+
+template <>
+struct Direct256<UnpackQ4_K> {
+  static constexpr bool kAvailable = true;
+  static __m256i group(const BlockQ4_K& b, int g) { return k4_nibbles(b.qs, g); }
+  static void scales(const BlockQ4_K& b, __m256 scale[2], __m256 offset[2]) {
+    k4_lane_scales(b, scale, offset);
+  }
+};
+
+template <>
+struct Direct256<UnpackQ5_K> {
+  static constexpr bool kAvailable = true;
+  // q4_K's nibbles plus bit g of qh[l] as bit 4.
+  static __m256i group(const BlockQ5_K& b, int g) {
+    const __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh));
+    const __m256i bit =
+        _mm256_and_si256(_mm256_srl_epi16(top, _mm_cvtsi32_si128(g)), _mm256_set1_epi8(0x01));
+    return _mm256_or_si256(k4_nibbles(b.qs, g), _mm256_slli_epi16(bit, 4));
+  }
+  static void scales(const BlockQ5_K& b, __m256 scale[2], __m256 offset[2]) {
+    k4_lane_scales(b, scale, offset);
+  }
+};
+
+template <>
+struct Direct256<UnpackQ6_K> {
+  static constexpr bool kAvailable = true;
+  // Group g is quarter g % 4 of half g / 4: low nibbles (high ones from quarter 2) of one of
+  // ql's two 32-byte rows, top two bits from qh.
+  static __m256i group(const BlockQ6_K& b, int g) {
+    const int h = g / 4, q = g % 4;
+    const __m256i low =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.ql + 64 * h + 32 * (q % 2)));
+    const __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 32 * h));
+    const __m256i nibble = _mm256_and_si256(_mm256_srl_epi16(low, _mm_cvtsi32_si128(4 * (q / 2))),
+                                            _mm256_set1_epi8(0x0f));
+    const __m256i bits =
+        _mm256_and_si256(_mm256_srl_epi16(top, _mm_cvtsi32_si128(2 * q)), _mm256_set1_epi8(0x03));
+    return _mm256_or_si256(nibble, _mm256_slli_epi16(bits, 4));
+  }
+  static void scales(const BlockQ6_K& b, __m256 scale[2], __m256 offset[2]) {
+    const float d = half(b.d);
+    for (int i = 0; i < 2; ++i) {
+      const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.scales + 8 * i))));
+      scale[i] = _mm256_mul_ps(_mm256_set1_ps(d), sc);
+      offset[i] = _mm256_mul_ps(_mm256_set1_ps(-32.0f * d), sc);
+    }
+  }
+};
+
 // A q8_0 activation row as the 256-bit K-quant tile reads it, per 256 elements: the bytes,
 // each 32-element group's scale, and per 16 elements scale * the sum of their bytes.
 struct PreparedSuperBlock256 {
@@ -159,15 +253,25 @@ struct KQuantTile256 {
     __m256 acc[MR][NR];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_setzero_ps();
-    UnpackedK up[NR];
+    constexpr bool kDirect = Direct256<U>::kAvailable;
+    UnpackedK up[kDirect ? 1 : NR];
     for (size_t s = 0; s < n / 256; ++s) {
-      __m256 scales[NR][2];
+      __m256 scales[NR][2], offsets[NR][2];
+      const Block* blocks[NR];
       for (int j = 0; j < NR; ++j) {
-        U::unpack(reinterpret_cast<const Block*>(w + j * ws)[s], up[j]);
-        widen_i16_halves(up[j].scale, &scales[j][0], &scales[j][1]);
-        const __m256 d = _mm256_set1_ps(up[j].d);
-        scales[j][0] = _mm256_mul_ps(d, scales[j][0]);
-        scales[j][1] = _mm256_mul_ps(d, scales[j][1]);
+        blocks[j] = reinterpret_cast<const Block*>(w + j * ws) + s;
+        if constexpr (kDirect) {
+          Direct256<U>::scales(*blocks[j], scales[j], offsets[j]);
+        } else {
+          U::unpack(*blocks[j], up[j]);
+          widen_i16_halves(up[j].scale, &scales[j][0], &scales[j][1]);
+          widen_i16_halves(up[j].offset, &offsets[j][0], &offsets[j][1]);
+          const __m256 d = _mm256_set1_ps(up[j].d), unit = _mm256_set1_ps(up[j].offset_unit);
+          for (int i = 0; i < 2; ++i) {
+            scales[j][i] = _mm256_mul_ps(d, scales[j][i]);
+            offsets[j][i] = _mm256_mul_ps(unit, offsets[j][i]);
+          }
+        }
       }
       for (int g = 0; g < 8; ++g) {
         // Lane l of group g covers elements 32g + 4l..32g + 4l + 3: sub-block 2g + l / 4,
@@ -178,7 +282,11 @@ struct KQuantTile256 {
         __m256 wscale[NR];
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) {
-          wq[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(up[j].q + 32 * g));
+          if constexpr (kDirect) {
+            wq[j] = Direct256<U>::group(*blocks[j], g);
+          } else {
+            wq[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(up[j].q + 32 * g));
+          }
           wscale[j] = _mm256_permutevar8x32_ps(scales[j][g / 4], sub);
         }
 #pragma GCC unroll 8
@@ -195,15 +303,10 @@ struct KQuantTile256 {
       }
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
-        __m256 lo, hi;
-        widen_i16_halves(up[j].offset, &lo, &hi);
-        const __m256 unit = _mm256_set1_ps(up[j].offset_unit);
-        lo = _mm256_mul_ps(unit, lo);
-        hi = _mm256_mul_ps(unit, hi);
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
-          acc[r][j] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(b[r][s].sums), acc[r][j]);
-          acc[r][j] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(b[r][s].sums + 8), acc[r][j]);
+          acc[r][j] = _mm256_fmadd_ps(offsets[j][0], _mm256_loadu_ps(b[r][s].sums), acc[r][j]);
+          acc[r][j] = _mm256_fmadd_ps(offsets[j][1], _mm256_loadu_ps(b[r][s].sums + 8), acc[r][j]);
         }
       }
     }
