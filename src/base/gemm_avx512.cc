@@ -319,24 +319,47 @@ inline __m512 widen_u8_pairs(uint32_t lo, uint32_t hi) {
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
 }
 
+// q4_K and q5_K's scales and minima, 16 lanes each.
+template <class B>
+inline void k4_scales512(const B& b, __m512* scale, __m512* offset) {
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+  const uint32_t a = load_u32_le(b.scales), m = load_u32_le(b.scales + 4),
+                 h = load_u32_le(b.scales + 8);
+  *scale = _mm512_mul_ps(_mm512_set1_ps(half(b.d)),
+                         widen_u8_pairs(a & kLow6, (h & kLow4) | ((a >> 6) & kLow2) << 4));
+  *offset = _mm512_mul_ps(_mm512_set1_ps(-half(b.dmin)),
+                          widen_u8_pairs(m & kLow6, ((h >> 4) & kLow4) | ((m >> 6) & kLow2) << 4));
+}
+
+// Pair p of q4_K or q5_K: the 32 bytes qs[32p..], their low nibbles then their high nibbles.
+inline __m512i k4_pair_nibbles(const uint8_t* qs, int p) {
+  const __m256i x = load256(qs + 32 * p);
+  const __m256i m = _mm256_set1_epi8(0x0f);
+  return join(_mm256_and_si256(x, m), _mm256_and_si256(_mm256_srli_epi16(x, 4), m));
+}
+
 template <>
 struct Direct512<UnpackQ4_K> {
   static constexpr bool kAvailable = true;
-  // Pair p is the 32 bytes qs[32p..]: their low nibbles, then their high nibbles.
-  static __m512i pair(const BlockQ4_K& b, int p) {
-    const __m256i x = load256(b.qs + 32 * p);
-    const __m256i m = _mm256_set1_epi8(0x0f);
-    return join(_mm256_and_si256(x, m), _mm256_and_si256(_mm256_srli_epi16(x, 4), m));
-  }
+  static __m512i pair(const BlockQ4_K& b, int p) { return k4_pair_nibbles(b.qs, p); }
   static void scales(const BlockQ4_K& b, __m512* scale, __m512* offset) {
-    constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
-    const uint32_t a = load_u32_le(b.scales), m = load_u32_le(b.scales + 4),
-                   h = load_u32_le(b.scales + 8);
-    *scale = _mm512_mul_ps(_mm512_set1_ps(half(b.d)),
-                           widen_u8_pairs(a & kLow6, (h & kLow4) | ((a >> 6) & kLow2) << 4));
-    *offset =
-        _mm512_mul_ps(_mm512_set1_ps(-half(b.dmin)),
-                      widen_u8_pairs(m & kLow6, ((h >> 4) & kLow4) | ((m >> 6) & kLow2) << 4));
+    k4_scales512(b, scale, offset);
+  }
+};
+
+template <>
+struct Direct512<UnpackQ5_K> {
+  static constexpr bool kAvailable = true;
+  // q4_K's nibbles plus bits 2p (first 32) and 2p + 1 (second 32) of qh[l] as bit 4.
+  static __m512i pair(const BlockQ5_K& b, int p) {
+    const __m256i top = load256(b.qh);
+    const __m256i one = _mm256_set1_epi8(0x01);
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(top, _mm_cvtsi32_si128(2 * p)), one);
+    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(top, _mm_cvtsi32_si128(2 * p + 1)), one);
+    return _mm512_or_si512(k4_pair_nibbles(b.qs, p), _mm512_slli_epi16(join(lo, hi), 4));
+  }
+  static void scales(const BlockQ5_K& b, __m512* scale, __m512* offset) {
+    k4_scales512(b, scale, offset);
   }
 };
 
