@@ -39,9 +39,10 @@ void add_make_model_command(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "Weight seed")->capture_default_str();
   cmd->add_option("--arch", a->arch,
                   "general.architecture: llama, qwen2 (Q/K/V biases, NEOX rope), qwen3 (per-head "
-                  "Q/K norms, NEOX rope) or phi3 (fused QKV and gate/up, NEOX rope)")
+                  "Q/K norms, NEOX rope), phi3 (fused QKV and gate/up, NEOX rope) or gemma2 (post "
+                  "norms, GELU, soft-capping)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"llama", "qwen2", "qwen3", "phi3"}));
+      ->check(CLI::IsMember({"llama", "qwen2", "qwen3", "phi3", "gemma2"}));
   cmd->add_option("--rope-freqs", a->rope_freqs,
                   "Write a rope_freqs.weight tensor: llama3.1 (Llama 3.1's long-context factors)")
       ->check(CLI::IsMember({"llama3.1"}));

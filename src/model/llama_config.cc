@@ -1,6 +1,7 @@
 #include "model/llama_config.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "base/error.h"
 #include "model/gguf.h"
@@ -20,9 +21,11 @@ LlamaConfig LlamaConfig::from_gguf(const gguf::File& f) {
   LlamaConfig c;
   c.architecture = f.get_string("general.architecture");
   if (c.architecture != "llama" && c.architecture != "qwen2" && c.architecture != "qwen3" &&
-      c.architecture != "phi3") {
-    fail("{}: architecture '{}' is not supported (kvcache runs llama, qwen2, qwen3 and phi3)",
-         f.label(), c.architecture);
+      c.architecture != "phi3" && c.architecture != "gemma2") {
+    fail(
+        "{}: architecture '{}' is not supported (kvcache runs llama, qwen2, qwen3, phi3 and "
+        "gemma2)",
+        f.label(), c.architecture);
   }
   if (c.architecture != "llama") c.rope_layout = RopeLayout::kHalves;
   c.qk_norm = c.architecture == "qwen3";
@@ -80,6 +83,21 @@ LlamaConfig LlamaConfig::from_gguf(const gguf::File& f) {
   if (const uint64_t window = f.get_u64(p + "attention.sliding_window", 0); window > 0) {
     c.sliding_window = positive_int(f, p + "attention.sliding_window", window);
     c.context_length = std::min(c.context_length, c.sliding_window);
+  }
+  if (c.architecture == "gemma2") {
+    c.embedding_scale = std::sqrt(static_cast<float>(c.n_embd));
+    c.ffn_gelu = true;
+    c.post_norms = true;
+    c.attn_softcap = static_cast<float>(f.get_f64(p + "attn_logit_softcapping", 50.0));
+    c.final_softcap = static_cast<float>(f.get_f64(p + "final_logit_softcapping", 30.0));
+    if (!(c.attn_softcap >= 0.0f) || !(c.final_softcap >= 0.0f)) {
+      fail("{}: soft-capping values {} and {} must not be negative", f.label(), c.attn_softcap,
+           c.final_softcap);
+    }
+    // As llama.cpp: queries are scaled by 1 / sqrt(head_dim), except in the 46-layer 27B
+    // model, which uses 1 / sqrt(n_embd / n_heads) (its query_pre_attn_scalar).
+    const int scalar = c.n_layers == 46 ? c.n_embd / c.n_heads : c.head_dim;
+    c.attention_scale = 1.0f / std::sqrt(static_cast<float>(scalar));
   }
   c.n_vocab = positive_int(f, "tokenizer.ggml.tokens", f.get_array("tokenizer.ggml.tokens").size());
   return c;

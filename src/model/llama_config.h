@@ -15,12 +15,12 @@ namespace kvc::model {
 
 // How rotary embedding pairs a head's dimensions: adjacent (x[2i], x[2i+1]) for llama, whose
 // converter permutes Q and K to suit, or halves (x[i], x[i + n_rot/2]) for the architectures
-// llama.cpp runs in its NEOX mode (qwen2, qwen3, phi3).
+// llama.cpp runs in its NEOX mode (qwen2, qwen3, phi3, gemma2).
 enum class RopeLayout : uint8_t { kAdjacent, kHalves };
 
 struct LlamaConfig {
-  // llama, qwen2 (Q/K/V biases), qwen3 (per-head Q/K RMSNorm) or phi3 (fused QKV and
-  // gate/up matrices).
+  // llama, qwen2 (Q/K/V biases), qwen3 (per-head Q/K RMSNorm), phi3 (fused QKV and gate/up
+  // matrices) or gemma2 (see below).
   std::string architecture;
   std::string name;
   int n_vocab = 0;
@@ -43,6 +43,15 @@ struct LlamaConfig {
   // The file's attention.sliding_window (0 if none). Attention is full, so context_length is
   // capped at the window, inside which the two are the same.
   int sliding_window = 0;
+  // gemma2: embeddings scaled by sqrt(n_embd), GELU (tanh form) instead of SiLU in the FFN,
+  // RMSNorms after attention and after the FFN, attention scores and final logits soft-capped
+  // as cap * tanh(x / cap) (0: no cap), and its own attention scale.
+  float embedding_scale = 0.0f;  // 0: none
+  bool ffn_gelu = false;
+  bool post_norms = false;
+  float attn_softcap = 0.0f;
+  float final_softcap = 0.0f;
+  float attention_scale = 0.0f;  // multiplies Q.K; 0 means 1 / sqrt(head_dim)
 
   // Reads and validates {arch}.* keys; throws Error naming the key at fault. The vocabulary
   // size comes from tokenizer.ggml.tokens.

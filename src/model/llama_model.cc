@@ -104,6 +104,10 @@ void LlamaModel::bind_weights() {
       w.q_norm = vector(p + "attn_q_norm.weight", c.head_dim);
       w.k_norm = vector(p + "attn_k_norm.weight", c.head_dim);
     }
+    if (c.post_norms) {
+      w.post_attn_norm = vector(p + "post_attention_norm.weight", d);
+      w.post_ffn_norm = vector(p + "post_ffw_norm.weight", d);
+    }
     for (const WeightView* v : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
       matrices += v->row_stride() * v->out_dim;
     }
@@ -136,6 +140,17 @@ void apply_rope(float* x, int n_heads, int head_dim, int n_rot, RopeLayout layou
       v[ib] = a * sin_t[i] + b * cos_t[i];
     }
   }
+}
+
+// x = cap * tanh(x / cap), gemma2's soft limit on attention scores and logits.
+void soft_cap(float* x, size_t n, float cap) {
+  for (size_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
+// GELU in its tanh form, as llama.cpp's gelu.
+float gelu(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x)));
 }
 
 void add_bias(float* x, const std::vector<float>& bias) {
@@ -177,7 +192,8 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
   const kv::KvGeometry& g = pool.geometry();
   const int hd = c.head_dim;
   const int group = c.n_heads / c.n_kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale =
+      c.attention_scale > 0.0f ? c.attention_scale : 1.0f / std::sqrt(static_cast<float>(hd));
   const int bt = g.block_tokens;
   // A task is one KV head of one tile of a sequence's rows: every query of the tile (its rows
   // times the heads of the GQA group) reads each block of keys and values while it is in the
@@ -248,6 +264,7 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
           sums.resize(queries);
           for (size_t j = 0; j < queries; ++j) {
             float* p = scores.data() + j * longest;
+            if (c.attn_softcap > 0.0f) soft_cap(p, n_pos[j], c.attn_softcap);
             float max = p[0];
             for (size_t t = 1; t < n_pos[j]; ++t) max = std::max(max, p[t]);
             float sum = 0.0f;
@@ -320,6 +337,9 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
   for (size_t r = 0; r < n; ++r) {
     dequantize_row(token_embd_->dtype, token_embd_->data + rows[r].token * embd_row,
                    s.x.data() + r * d, d);
+    if (c.embedding_scale > 0.0f) {
+      for (size_t i = 0; i < d; ++i) s.x[r * d + i] *= c.embedding_scale;
+    }
     for (int i = 0; i < half_rot; ++i) {
       const double freq = std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.n_rot);
       const double factor = rope_freq_factors_.empty() ? 1.0 : rope_freq_factors_[i];
@@ -340,6 +360,14 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
           }
         },
         std::max<size_t>(1, (1 << 14) / d));
+  };
+  // gemma2's norms after attention and after the FFN: xb = RMSNorm(xb) * weight, row by row
+  // (nothing without them).
+  const auto norm_in_place = [&](const std::vector<float>& weight) {
+    if (weight.empty()) return;
+    for (size_t r = 0; r < n; ++r) {
+      rms_norm(&s.xb[r * d], weight.data(), &s.xb[r * d], d, c.rms_eps);
+    }
   };
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
@@ -369,6 +397,7 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
     }
     attention(threads, pool, rows, l, s);
     matmul(threads, w.wo, s.attn.data(), n, s.xb.data(), s.activations);
+    norm_in_place(w.post_attn_norm);
     for (size_t i = 0; i < n * d; ++i) s.x[i] += s.xb[i];
     norm_rows(w.ffn_norm);
     matmul(threads, w.w_gate, s.xb.data(), n, s.gate.data(), s.activations);
@@ -378,11 +407,12 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
         [&](size_t b, size_t e) {
           for (size_t i = b; i < e; ++i) {
             const float gv = s.gate[i];
-            s.gate[i] = gv / (1.0f + std::exp(-gv)) * s.up[i];
+            s.gate[i] = (c.ffn_gelu ? gelu(gv) : gv / (1.0f + std::exp(-gv))) * s.up[i];
           }
         },
         1 << 14);
     matmul(threads, w.w_down, s.gate.data(), n, s.xb.data(), s.activations);
+    norm_in_place(w.post_ffn_norm);
     for (size_t i = 0; i < n * d; ++i) s.x[i] += s.xb[i];
   }
 
@@ -396,6 +426,7 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
   s.logits.resize(n_logits * c.n_vocab);
   if (n_logits > 0) {
     matmul(threads, output_, s.logits_in.data(), n_logits, s.logits.data(), s.activations);
+    if (c.final_softcap > 0.0f) soft_cap(s.logits.data(), s.logits.size(), c.final_softcap);
   }
   return {s.logits.data(), s.logits.size()};
 }

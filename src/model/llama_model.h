@@ -39,8 +39,9 @@ struct ForwardScratch {
 
 struct LayerWeights {
   std::vector<float> attn_norm, ffn_norm;
-  std::vector<float> q_bias, k_bias, v_bias;  // qwen2's; empty when the file has none
-  std::vector<float> q_norm, k_norm;          // qwen3's per-head RMSNorm weights (head_dim)
+  std::vector<float> q_bias, k_bias, v_bias;         // qwen2's; empty when the file has none
+  std::vector<float> q_norm, k_norm;                 // qwen3's per-head RMSNorm weights (head_dim)
+  std::vector<float> post_attn_norm, post_ffn_norm;  // gemma2's
   WeightView wq, wk, wv, wo, w_gate, w_up, w_down;
 };
 

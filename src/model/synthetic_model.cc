@@ -126,6 +126,10 @@ std::vector<TensorPlan> plan_tensors(const SyntheticPreset& p, const SyntheticOp
       t.push_back({b + "attn_k_norm.weight", {hd}, DType::F32, TensorPlan::kGain});
     }
     t.push_back({b + "attn_output.weight", {q, d}, matrix_type(q), TensorPlan::kMatrix});
+    if (o.arch == "gemma2") {
+      t.push_back({b + "post_attention_norm.weight", {d}, DType::F32, TensorPlan::kGain});
+      t.push_back({b + "post_ffw_norm.weight", {d}, DType::F32, TensorPlan::kGain});
+    }
     t.push_back({b + "ffn_norm.weight", {d}, DType::F32, TensorPlan::kNorm});
     if (o.arch == "phi3") {  // gate and up fused, gate first
       t.push_back({b + "ffn_up.weight", {d, 2 * ff}, matrix_type(d), TensorPlan::kMatrix});
@@ -137,7 +141,7 @@ std::vector<TensorPlan> plan_tensors(const SyntheticPreset& p, const SyntheticOp
         {b + "ffn_down.weight", {ff, d}, matrix_type(ff, more_bits_layer(l)), TensorPlan::kMatrix});
   }
   t.push_back({"output_norm.weight", {d}, DType::F32, TensorPlan::kNorm});
-  if (!p.tied_output) {
+  if (!p.tied_output && o.arch != "gemma2") {  // gemma2 always ties its output to the embedding
     t.push_back({"output.weight",
                  {d, static_cast<uint64_t>(p.n_vocab)},
                  matrix_type(d, true),
@@ -248,8 +252,9 @@ void write_synthetic_model(const SyntheticOptions& o, const std::string& path,
   const SyntheticPreset& p = find_synthetic_preset(o.preset);
   if (o.dtype == DType::BF16) fail("make-model does not write bf16 weights");
   const int layers = layer_count(p, o);
-  if (o.arch != "llama" && o.arch != "qwen2" && o.arch != "qwen3" && o.arch != "phi3") {
-    fail("--arch must be llama, qwen2, qwen3 or phi3, got '{}'", o.arch);
+  if (o.arch != "llama" && o.arch != "qwen2" && o.arch != "qwen3" && o.arch != "phi3" &&
+      o.arch != "gemma2") {
+    fail("--arch must be llama, qwen2, qwen3, phi3 or gemma2, got '{}'", o.arch);
   }
   const std::string arch = o.arch;
   gguf::Writer w;
@@ -268,8 +273,12 @@ void write_synthetic_model(const SyntheticOptions& o, const std::string& path,
   w.set_u32(arch + ".attention.head_count_kv", p.n_kv_heads);
   w.set_u32(arch + ".rope.dimension_count", p.n_embd / p.n_heads);
   w.set_f32(arch + ".rope.freq_base", p.rope_theta);
-  if (arch == "phi3") {  // Phi-3 files carry their window; this one spans the whole context
+  if (arch == "phi3" || arch == "gemma2") {  // their files carry a window: here the context
     w.set_u32(arch + ".attention.sliding_window", o.context > 0 ? o.context : p.context_length);
+  }
+  if (arch == "gemma2") {
+    w.set_f32(arch + ".attn_logit_softcapping", 50.0f);
+    w.set_f32(arch + ".final_logit_softcapping", 30.0f);
   }
   if (o.rope_linear_factor > 0.0f) {
     w.set_string(arch + ".rope.scaling.type", "linear");

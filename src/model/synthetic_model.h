@@ -34,8 +34,9 @@ const SyntheticPreset& find_synthetic_preset(const std::string& name);
 
 struct SyntheticOptions {
   std::string preset = "tiny";
-  // general.architecture: llama, qwen2 (adds Q/K/V biases), qwen3 (adds per-head Q/K norms) or
-  // phi3 (fuses Q/K/V and gate/up).
+  // general.architecture: llama, qwen2 (adds Q/K/V biases), qwen3 (adds per-head Q/K norms),
+  // phi3 (fuses Q/K/V and gate/up) or gemma2 (adds post-attention and post-FFN norms, writes
+  // soft-capping keys, ties the output to the embedding).
   std::string arch = "llama";
   DType dtype = DType::F32;  // matrices; norms stay f32
   int layers = 0;            // > 0 overrides the preset's layer count

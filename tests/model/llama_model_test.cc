@@ -490,6 +490,34 @@ TEST(LlamaModel, Phi3FusedMatricesAreTheirSplitParts) {
   EXPECT_EQ(model->config().context_length, 100);
 }
 
+// gemma2: logits soft-capped at 30 (never beyond, however large the raw values), the
+// embedding tied, GELU and post norms in place; the invariant holds with every KV dtype.
+TEST(LlamaModel, Gemma2CapsItsLogitsAndKeepsTheInvariant) {
+  const auto dir = testing::scratch_dir();
+  for (DType t : {DType::F32, DType::Q6_K}) {
+    SyntheticOptions o;
+    o.preset = block_elements(t) == 256 ? "small" : "tiny";
+    o.arch = "gemma2";
+    o.dtype = t;
+    const std::string path = (dir / ("gemma2-" + std::string(dtype_name(t)) + ".gguf")).string();
+    write_synthetic_model(o, path);
+    const auto model = LlamaModel::load(path);
+    const LlamaConfig& c = model->config();
+    EXPECT_EQ(model->file().find_tensor("output.weight"), nullptr);
+    EXPECT_FLOAT_EQ(c.final_softcap, 30.0f);
+    EXPECT_FLOAT_EQ(c.attn_softcap, 50.0f);
+    EXPECT_FLOAT_EQ(c.embedding_scale, std::sqrt(static_cast<float>(c.n_embd)));
+    Rig rig(path, 2);
+    const std::vector<float> logits = rig.recompute(long_prompt(40, c.n_vocab));
+    float largest = 0.0f;
+    for (float v : logits) largest = std::max(largest, std::fabs(v));
+    EXPECT_LE(largest, 30.0f);
+    EXPECT_GT(largest, 1.0f);
+    expect_cache_equals_recompute(path, DType::F16, 2);
+    expect_cache_equals_recompute(path, DType::Q8_0, 1, DType::Q4_0);
+  }
+}
+
 std::vector<int32_t> long_prompt(int n, int n_vocab) {
   Rng rng(3);
   std::vector<int32_t> p = {1};
