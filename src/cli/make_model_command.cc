@@ -19,6 +19,7 @@ struct MakeModelArgs {
   uint64_t seed = 1;
   std::string rope_freqs;
   std::string arch = "llama";
+  int sliding_window = 0;
 };
 }  // namespace
 
@@ -43,6 +44,8 @@ void add_make_model_command(CLI::App& app) {
                   "norms, GELU, soft-capping)")
       ->capture_default_str()
       ->check(CLI::IsMember({"llama", "qwen2", "qwen3", "phi3", "gemma2"}));
+  cmd->add_option("--sliding-window", a->sliding_window,
+                  "phi3 and gemma2: attention.sliding_window (default: the whole context)");
   cmd->add_option("--rope-freqs", a->rope_freqs,
                   "Write a rope_freqs.weight tensor: llama3.1 (Llama 3.1's long-context factors)")
       ->check(CLI::IsMember({"llama3.1"}));
@@ -54,6 +57,7 @@ void add_make_model_command(CLI::App& app) {
     o.context = a->context;
     o.seed = a->seed;
     o.arch = a->arch;
+    o.sliding_window = a->sliding_window;
     if (a->rope_freqs == "llama3.1") {
       const model::SyntheticPreset& p = model::find_synthetic_preset(a->preset);
       o.rope_freq_factors = model::llama31_rope_factors(p.n_embd / p.n_heads, p.rope_theta);

@@ -80,9 +80,12 @@ LlamaConfig LlamaConfig::from_gguf(const gguf::File& f) {
           f.label(), scaling->describe());
     }
   }
-  if (const uint64_t window = f.get_u64(p + "attention.sliding_window", 0); window > 0) {
-    c.sliding_window = positive_int(f, p + "attention.sliding_window", window);
-    c.context_length = std::min(c.context_length, c.sliding_window);
+  if (c.architecture == "phi3" || c.architecture == "gemma2") {
+    const uint64_t fallback = c.architecture == "gemma2" ? 4096 : 0;
+    if (const uint64_t window = f.get_u64(p + "attention.sliding_window", fallback); window > 0) {
+      c.sliding_window = positive_int(f, p + "attention.sliding_window", window);
+    }
+    c.sliding_every = c.architecture == "gemma2" ? 2 : 1;
   }
   if (c.architecture == "gemma2") {
     c.embedding_scale = std::sqrt(static_cast<float>(c.n_embd));

@@ -40,9 +40,15 @@ struct LlamaConfig {
   RopeLayout rope_layout = RopeLayout::kAdjacent;
   // qwen3: each head of Q and K is RMS-normalised (attn_q_norm, attn_k_norm) before rotary.
   bool qk_norm = false;
-  // The file's attention.sliding_window (0 if none). Attention is full, so context_length is
-  // capped at the window, inside which the two are the same.
+  // Sliding-window attention, as llama.cpp runs it: a query at position p on a sliding layer
+  // sees the keys at positions p - sliding_window + 1 .. p (0: no window). phi3 slides on every
+  // layer when its file names a window, gemma2 on even layers (window 4096 unless named); the
+  // other architectures attend fully, as in llama.cpp.
   int sliding_window = 0;
+  int sliding_every = 1;  // layers l with l % sliding_every == 0 slide
+
+  // Whether layer l attends through the sliding window.
+  bool layer_slides(int l) const { return sliding_window > 0 && l % sliding_every == 0; }
   // gemma2: embeddings scaled by sqrt(n_embd), GELU (tanh form) instead of SiLU in the FFN,
   // RMSNorms after attention and after the FFN, attention scores and final logits soft-capped
   // as cap * tanh(x / cap) (0: no cap), and its own attention scale.

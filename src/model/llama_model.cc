@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "base/error.h"
@@ -192,6 +193,7 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
   const kv::KvGeometry& g = pool.geometry();
   const int hd = c.head_dim;
   const int group = c.n_heads / c.n_kv_heads;
+  const size_t window = c.layer_slides(layer) ? static_cast<size_t>(c.sliding_window) : 0;
   const float scale =
       c.attention_scale > 0.0f ? c.attention_scale : 1.0f / std::sqrt(static_cast<float>(hd));
   const int bt = g.block_tokens;
@@ -212,7 +214,7 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
       tasks,
       [&](size_t begin, size_t end) {
         std::vector<float> scores, sums;
-        std::vector<size_t> n_pos;
+        std::vector<size_t> n_pos, first_key;
         std::vector<const float*> q_ptrs;
         std::vector<float*> out_ptrs;
         for (size_t task = begin; task < end; ++task) {
@@ -229,18 +231,26 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
             return r * c.q_dim() + h * hd;
           };
           n_pos.resize(queries);
-          size_t longest = 0;
+          first_key.resize(queries);
+          size_t longest = 0, first_block = SIZE_MAX;
           for (size_t j = 0; j < queries; ++j) {
             n_pos[j] = static_cast<size_t>(rows[tile.first_row + j / group].pos) + 1;
+            first_key[j] = window > 0 && n_pos[j] > window ? n_pos[j] - window : 0;
             longest = std::max(longest, n_pos[j]);
+            first_block = std::min(first_block, first_key[j] / bt * bt);
           }
+          // Query j's scores and weights cover the blocks from the one holding its first key;
+          // those before its window inside that block get weight 0.
+          const auto sees_block = [&](size_t j, size_t t0) {
+            return t0 < n_pos[j] && t0 + bt > first_key[j];
+          };
           scores.resize(queries * longest);
           const kv::KvRun k_run = g.run(layer, 0, kvh);
           const kv::KvRun v_run = g.run(layer, 1, kvh);
           // Keys and values of one (layer, kv head) sit at a fixed stride within each block: score
           // and accumulate a block's run of positions at a time, in position order, reading the
           // stored bytes in place whatever their dtype.
-          for (size_t t0 = 0; t0 < longest; t0 += bt) {
+          for (size_t t0 = first_block; t0 < longest; t0 += bt) {
             const uint8_t* block = pool.data(table.block_of(t0));
             const kernels::KvRows keys{g.k_dtype, block + k_run.offset, k_run.stride, k_run.first};
             // The queries that see the whole block share each key row's read; those whose
@@ -248,7 +258,7 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
             q_ptrs.clear();
             out_ptrs.clear();
             for (size_t j = 0; j < queries; ++j) {
-              if (t0 >= n_pos[j]) continue;
+              if (!sees_block(j, t0)) continue;
               const size_t n = std::min<size_t>(bt, n_pos[j] - t0);
               float* out = scores.data() + j * longest + t0;
               if (n == static_cast<size_t>(bt)) {
@@ -264,23 +274,25 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
           sums.resize(queries);
           for (size_t j = 0; j < queries; ++j) {
             float* p = scores.data() + j * longest;
-            if (c.attn_softcap > 0.0f) soft_cap(p, n_pos[j], c.attn_softcap);
-            float max = p[0];
-            for (size_t t = 1; t < n_pos[j]; ++t) max = std::max(max, p[t]);
+            const size_t begin = first_key[j] / bt * bt, first = first_key[j], end = n_pos[j];
+            if (c.attn_softcap > 0.0f) soft_cap(p + first, end - first, c.attn_softcap);
+            std::fill(p + begin, p + first, 0.0f);
+            float max = p[first];
+            for (size_t t = first + 1; t < end; ++t) max = std::max(max, p[t]);
             float sum = 0.0f;
-            for (size_t t = 0; t < n_pos[j]; ++t) {
+            for (size_t t = first; t < end; ++t) {
               p[t] = std::exp(p[t] - max);
               sum += p[t];
             }
             sums[j] = sum;
             std::fill_n(s.attn.data() + q_of(j), hd, 0.0f);
           }
-          for (size_t t0 = 0; t0 < longest; t0 += bt) {
+          for (size_t t0 = first_block; t0 < longest; t0 += bt) {
             const uint8_t* block = pool.data(table.block_of(t0));
             const kernels::KvRows values{g.v_dtype, block + v_run.offset, v_run.stride,
                                          v_run.first};
             for (size_t j = 0; j < queries; ++j) {
-              if (t0 >= n_pos[j]) continue;
+              if (!sees_block(j, t0)) continue;
               const size_t n = std::min<size_t>(bt, n_pos[j] - t0);
               kernels::kv_accumulate(values, scores.data() + j * longest + t0, n, hd,
                                      s.attn.data() + q_of(j));

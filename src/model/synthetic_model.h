@@ -53,6 +53,8 @@ struct SyntheticOptions {
   std::vector<float> rope_freq_factors;
   // Written as rope.scaling.type = "linear" with this rope.scaling.factor when above 0.
   float rope_linear_factor = 0.0f;
+  // phi3 and gemma2: attention.sliding_window (0: the whole context).
+  int sliding_window = 0;
 };
 
 // Llama 3.1's rope_freqs.weight for n_rot rotary dimensions and the given base, as its

@@ -192,6 +192,7 @@ TEST(LlamaModel, CachedDecodeIsBitIdenticalOnSyntheticModelsOfEveryDtype) {
 }
 
 std::vector<int32_t> long_prompt(int n, int n_vocab);
+void expect_batch_company_irrelevant(const std::string& path, DType k, DType v);
 
 // Each instruction set's kernels (GEMM tiles included) keep the invariant for every weight
 // type, at every decode step and every prefill chunk size; an instruction set this CPU lacks
@@ -418,7 +419,7 @@ TEST(LlamaModel, Qwen2AndQwen3ArchitecturesComputeTheirModels) {
 
 // phi3's fused matrices are read as views of their rows: a phi3 file gives the bits of the
 // same weights split into separate Q, K, V, gate and up tensors (a qwen2 file without biases,
-// which rotates alike). Its sliding window caps the context, inside which attention is full.
+// which rotates alike).
 TEST(LlamaModel, Phi3FusedMatricesAreTheirSplitParts) {
   const auto dir = testing::scratch_dir();
   for (DType t : {DType::F32, DType::Q4_K}) {
@@ -470,24 +471,63 @@ TEST(LlamaModel, Phi3FusedMatricesAreTheirSplitParts) {
     EXPECT_TRUE(same_bits(a.recompute(prompt), b.recompute(prompt))) << dtype_name(t);
     expect_cache_equals_recompute(phi3, DType::F16, 2);
   }
+}
 
-  SyntheticOptions o;
-  o.arch = "phi3";
-  const std::string windowed = (dir / "phi3-window.gguf").string();
-  write_synthetic_model(o, windowed);
-  auto file = gguf::File::open(windowed);
-  gguf::Writer w;
-  for (const auto& [key, value] : file->metadata()) w.set(key, value);
-  w.set_u32("phi3.attention.sliding_window", 100);
-  for (const gguf::TensorInfo& t : file->tensors()) {
-    w.add_tensor(t.name, t.dims, t.dtype,
-                 [&t](uint8_t* dst, size_t n) { std::memcpy(dst, t.data, n); });
+// Sliding-window attention as llama.cpp runs it: on a one-layer model (whose keys depend only
+// on their token and position), the last position's logits depend on the last `window` tokens
+// only; chunks, threads, batches and cache hits still change no bit; gemma2 slides on even
+// layers only.
+TEST(LlamaModel, SlidingWindowsSeeOnlyTheirLastTokens) {
+  const auto dir = testing::scratch_dir();
+  for (const std::string arch : {"phi3", "gemma2"}) {
+    SyntheticOptions o;
+    o.arch = arch;
+    o.layers = 1;
+    o.sliding_window = 8;
+    const std::string path = (dir / (arch + "-window-8.gguf")).string();
+    write_synthetic_model(o, path);
+    o.sliding_window = 0;
+    const std::string full = (dir / (arch + "-window-full.gguf")).string();
+    write_synthetic_model(o, full);
+    Rig rig(path, 1), rig_full(full, 1);
+    EXPECT_EQ(rig.model->config().sliding_window, 8);
+    EXPECT_EQ(rig.model->config().context_length, 512);
+    const int n_vocab = rig.model->config().n_vocab;
+    std::vector<int32_t> a = long_prompt(20, n_vocab), b = a;
+    for (int i = 1; i < 12; ++i)
+      b[i] = 3 + (a[i] + 17) % (n_vocab - 3);  // differs before the window
+    EXPECT_TRUE(same_bits(rig.recompute(a), rig.recompute(b))) << arch;
+    EXPECT_FALSE(same_bits(rig_full.recompute(a), rig_full.recompute(b))) << arch;
+    b[12] = 3 + (a[12] + 17) % (n_vocab - 3);  // the window's first token
+    EXPECT_FALSE(same_bits(rig.recompute(a), rig.recompute(b))) << arch;
   }
-  const std::string capped = (dir / "phi3-window-100.gguf").string();
-  w.write(capped);
-  const auto model = LlamaModel::load(capped);
-  EXPECT_EQ(model->config().sliding_window, 100);
-  EXPECT_EQ(model->config().context_length, 100);
+  SyntheticOptions o;
+  o.arch = "gemma2";
+  o.sliding_window = 24;
+  const std::string gemma = (dir / "gemma2-window-24.gguf").string();
+  write_synthetic_model(o, gemma);
+  const LlamaConfig c = LlamaModel::load(gemma)->config();
+  EXPECT_TRUE(c.layer_slides(0));
+  EXPECT_FALSE(c.layer_slides(1));
+  o.arch = "phi3";
+  o.sliding_window = 20;
+  const std::string phi3 = (dir / "phi3-window-20.gguf").string();
+  write_synthetic_model(o, phi3);
+  for (const std::string& path : {gemma, phi3}) {
+    SCOPED_TRACE(path);
+    expect_cache_equals_recompute(path, DType::F16, 2);
+    expect_cache_equals_recompute(path, DType::Q8_0, 1);
+    Rig one(path, 1), two(path, 2);
+    const auto prompt = long_prompt(100, one.model->config().n_vocab);
+    testing::Generator g1(*one.model, *one.pool, *one.threads);
+    testing::Generator g2(*two.model, *two.pool, *two.threads);
+    const std::vector<float> reference = g1.prompt_logits(prompt, 1000);
+    for (int chunk : {1, 7, 64}) {
+      EXPECT_TRUE(same_bits(reference, g1.prompt_logits(prompt, chunk))) << "chunk " << chunk;
+      EXPECT_TRUE(same_bits(reference, g2.prompt_logits(prompt, chunk))) << "2 threads " << chunk;
+    }
+    expect_batch_company_irrelevant(path, DType::F16, DType::F16);
+  }
 }
 
 // gemma2: logits soft-capped at 30 (never beyond, however large the raw values), the
