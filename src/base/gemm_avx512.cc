@@ -391,15 +391,6 @@ struct Direct512<UnpackQ6_K> {
   }
 };
 
-// A q8_0 activation row as the K-quant tile reads it, per 256 elements: the bytes; per pair of
-// 32-element groups, the first group's scale in lanes 0-7 and the second's in 8-15; and per 16
-// elements, scale * the sum of their bytes (for the weights' offsets).
-struct PreparedSuperBlock {
-  int8_t x[256];
-  float scale[4][16];
-  float sums[16];
-};
-
 // K-quant weights (256-element super-blocks) in 512-bit steps: per pair of groups and output,
 // acc += (w_scale * x_scale) * dpbusd(q, x) over 16 lanes, each lane's weight scale taken by
 // one permute from the super-block's 16; the offsets join once per super-block through the
@@ -413,26 +404,7 @@ struct KQuantTile512 {
 
   static const uint8_t* prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
                                 size_t* stride) {
-    *stride = n / 256 * sizeof(PreparedSuperBlock);
-    uint8_t* out = gemm_scratch(*stride * n_x);
-    for (size_t r = 0; r < n_x; ++r) {
-      const auto* b = reinterpret_cast<const BlockQ8_0*>(x + r * x_stride);
-      auto* p = reinterpret_cast<PreparedSuperBlock*>(out + r * *stride);
-      for (size_t s = 0; s < n / 256; ++s) {
-        for (int g = 0; g < 8; ++g) {
-          const BlockQ8_0& xb = b[8 * s + g];
-          const float d = half(xb.d);
-          for (int i = 0; i < 32; ++i) p[s].x[32 * g + i] = xb.qs[i];
-          for (int l = 0; l < 8; ++l) p[s].scale[g / 2][8 * (g % 2) + l] = d;
-          for (int h = 0; h < 2; ++h) {
-            int sum = 0;
-            for (int i = 0; i < 16; ++i) sum += xb.qs[16 * h + i];
-            p[s].sums[2 * g + h] = d * static_cast<float>(sum);
-          }
-        }
-      }
-    }
-    return out;
+    return prepare_super_blocks(x, x_stride, n_x, n, stride);
   }
 
   template <int MR, int NR>
@@ -478,7 +450,7 @@ struct KQuantTile512 {
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
           const __m512i xv = _mm512_loadu_si512(b[r][s].x + 64 * p);
-          const __m512 dx = _mm512_loadu_ps(b[r][s].scale[p]);
+          const __m512 dx = _mm512_loadu_ps(&b[r][s].scale[0][0] + 16 * p);  // groups 2p, 2p + 1
 #pragma GCC unroll 8
           for (int j = 0; j < NR; ++j) {
             const __m512 dot =

@@ -192,13 +192,38 @@ struct Direct256<UnpackQ6_K> {
   }
 };
 
-// A q8_0 activation row as the 256-bit K-quant tile reads it, per 256 elements: the bytes,
-// each 32-element group's scale, and per 16 elements scale * the sum of their bytes.
-struct PreparedSuperBlock256 {
+// A q8_0 activation row as the K-quant tiles read it, per 256 elements: the bytes; each
+// 32-element group's scale in 8 lanes (so a pair of groups fills 16); and per 16 elements,
+// scale * the sum of their bytes (for the weights' offsets).
+struct PreparedSuperBlock {
   int8_t x[256];
-  float scale[8];
+  float scale[8][8];
   float sums[16];
 };
+
+inline const uint8_t* prepare_super_blocks(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
+                                           size_t* stride) {
+  *stride = n / 256 * sizeof(PreparedSuperBlock);
+  uint8_t* out = gemm_scratch(*stride * n_x);
+  for (size_t r = 0; r < n_x; ++r) {
+    const auto* b = reinterpret_cast<const BlockQ8_0*>(x + r * x_stride);
+    auto* p = reinterpret_cast<PreparedSuperBlock*>(out + r * *stride);
+    for (size_t s = 0; s < n / 256; ++s) {
+      for (int g = 0; g < 8; ++g) {
+        const BlockQ8_0& xb = b[8 * s + g];
+        const float d = half(xb.d);
+        for (int i = 0; i < 32; ++i) p[s].x[32 * g + i] = xb.qs[i];
+        for (int l = 0; l < 8; ++l) p[s].scale[g][l] = d;
+        for (int h = 0; h < 2; ++h) {
+          int sum = 0;
+          for (int i = 0; i < 16; ++i) sum += xb.qs[16 * h + i];
+          p[s].sums[2 * g + h] = d * static_cast<float>(sum);
+        }
+      }
+    }
+  }
+  return out;
+}
 
 // 16 int16 values as f32 in two halves of 8.
 inline void widen_i16_halves(const int16_t* v, __m256* lo, __m256* hi) {
@@ -221,34 +246,15 @@ struct KQuantTile256 {
 
   static const uint8_t* prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
                                 size_t* stride) {
-    *stride = n / 256 * sizeof(PreparedSuperBlock256);
-    uint8_t* out = gemm_scratch(*stride * n_x);
-    for (size_t r = 0; r < n_x; ++r) {
-      const auto* b = reinterpret_cast<const BlockQ8_0*>(x + r * x_stride);
-      auto* p = reinterpret_cast<PreparedSuperBlock256*>(out + r * *stride);
-      for (size_t s = 0; s < n / 256; ++s) {
-        for (int g = 0; g < 8; ++g) {
-          const BlockQ8_0& xb = b[8 * s + g];
-          const float d = half(xb.d);
-          for (int i = 0; i < 32; ++i) p[s].x[32 * g + i] = xb.qs[i];
-          p[s].scale[g] = d;
-          for (int h = 0; h < 2; ++h) {
-            int sum = 0;
-            for (int i = 0; i < 16; ++i) sum += xb.qs[16 * h + i];
-            p[s].sums[2 * g + h] = d * static_cast<float>(sum);
-          }
-        }
-      }
-    }
-    return out;
+    return prepare_super_blocks(x, x_stride, n_x, n, stride);
   }
 
   template <int MR, int NR>
   static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
                    size_t ys) {
-    const PreparedSuperBlock256* b[MR];
+    const PreparedSuperBlock* b[MR];
     for (int r = 0; r < MR; ++r) {
-      b[r] = reinterpret_cast<const PreparedSuperBlock256*>(x + r * xs);
+      b[r] = reinterpret_cast<const PreparedSuperBlock*>(x + r * xs);
     }
     __m256 acc[MR][NR];
     for (int r = 0; r < MR; ++r)
@@ -293,7 +299,7 @@ struct KQuantTile256 {
         for (int r = 0; r < MR; ++r) {
           const __m256i xv =
               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[r][s].x + 32 * g));
-          const __m256 dx = _mm256_broadcast_ss(&b[r][s].scale[g]);
+          const __m256 dx = _mm256_loadu_ps(b[r][s].scale[g]);
 #pragma GCC unroll 8
           for (int j = 0; j < NR; ++j) {
             const __m256 dot = _mm256_cvtepi32_ps(dot_u8s8(wq[j], xv));

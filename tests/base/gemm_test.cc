@@ -123,6 +123,23 @@ TEST_P(GemmTest, ChunkedWeightRowsEqualTheSingleRowDot) {
   }
 }
 
+// Sets every activation to +-127 and checks every tile output against the single-row dot.
+void expect_extreme_activations_equal_the_single_row_dot(Operands& ops, std::mt19937& rng) {
+  for (size_t r = 0; r < ops.n_x; ++r) {
+    auto* q = reinterpret_cast<BlockQ8_0*>(&ops.x[r * ops.x_stride]);
+    for (size_t b = 0; b < ops.n / 32; ++b) {
+      for (int8_t& v : q[b].qs) v = (rng() & 1) ? -127 : 127;
+    }
+  }
+  const std::vector<float> y = ops.gemm();
+  for (size_t r = 0; r < ops.n_x; ++r) {
+    for (size_t c = 0; c < ops.n_w; ++c) {
+      ASSERT_TRUE(same_bits(y[r * ops.n_w + c], ops.single(r, c)))
+          << describe(ops.wt, ops.n, ops.n_w, ops.n_x, r, c);
+    }
+  }
+}
+
 // The int8 kernels rewrite the sign handling of the single-row dot; extreme values (-128 in a
 // weight, which no quantizer writes but a file may hold, and +-127 everywhere) must still give
 // the same exact sums.
@@ -142,19 +159,7 @@ TEST_P(GemmTest, ExtremeInt8ValuesEqualTheSingleRowDot) {
         }
       }
     }
-    for (size_t r = 0; r < ops.n_x; ++r) {
-      auto* q = reinterpret_cast<BlockQ8_0*>(&ops.x[r * ops.x_stride]);
-      for (size_t b = 0; b < ops.n / 32; ++b) {
-        for (int8_t& v : q[b].qs) v = (rng() & 1) ? -127 : 127;
-      }
-    }
-    const std::vector<float> y = ops.gemm();
-    for (size_t r = 0; r < ops.n_x; ++r) {
-      for (size_t c = 0; c < ops.n_w; ++c) {
-        ASSERT_TRUE(same_bits(y[r * ops.n_w + c], ops.single(r, c)))
-            << describe(wt, ops.n, ops.n_w, ops.n_x, r, c);
-      }
-    }
+    expect_extreme_activations_equal_the_single_row_dot(ops, rng);
   }
 }
 
@@ -198,19 +203,7 @@ TEST_P(GemmTest, RandomBlockBytesEqualTheSingleRowDot) {
         std::memcpy(&ops.w[b * block_bytes(wt) + offset], &h, sizeof h);
       }
     }
-    for (size_t r = 0; r < ops.n_x; ++r) {
-      auto* q = reinterpret_cast<BlockQ8_0*>(&ops.x[r * ops.x_stride]);
-      for (size_t b = 0; b < ops.n / 32; ++b) {
-        for (int8_t& v : q[b].qs) v = (rng() & 1) ? -127 : 127;
-      }
-    }
-    const std::vector<float> y = ops.gemm();
-    for (size_t r = 0; r < ops.n_x; ++r) {
-      for (size_t c = 0; c < ops.n_w; ++c) {
-        ASSERT_TRUE(same_bits(y[r * ops.n_w + c], ops.single(r, c)))
-            << describe(wt, ops.n, ops.n_w, ops.n_x, r, c);
-      }
-    }
+    expect_extreme_activations_equal_the_single_row_dot(ops, rng);
   }
 }
 

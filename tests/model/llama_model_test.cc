@@ -194,6 +194,20 @@ TEST(LlamaModel, CachedDecodeIsBitIdenticalOnSyntheticModelsOfEveryDtype) {
 std::vector<int32_t> long_prompt(int n, int n_vocab);
 void expect_batch_company_irrelevant(const std::string& path, DType k, DType v);
 
+// A 100-token prompt's logits, prefilled in chunks of 1, 7 and 64 tokens on 1 and 2 threads,
+// have the bits of one whole-prompt prefill on 1 thread.
+void expect_chunks_and_threads_irrelevant(const std::string& path) {
+  Rig one(path, 1), two(path, 2);
+  const auto prompt = long_prompt(100, one.model->config().n_vocab);
+  testing::Generator g1(*one.model, *one.pool, *one.threads);
+  testing::Generator g2(*two.model, *two.pool, *two.threads);
+  const std::vector<float> reference = g1.prompt_logits(prompt, 1000);
+  for (int chunk : {1, 7, 64}) {
+    EXPECT_TRUE(same_bits(reference, g1.prompt_logits(prompt, chunk))) << "chunk " << chunk;
+    EXPECT_TRUE(same_bits(reference, g2.prompt_logits(prompt, chunk))) << "2 threads " << chunk;
+  }
+}
+
 // Each instruction set's kernels (GEMM tiles included) keep the invariant for every weight
 // type, at every decode step and every prefill chunk size; an instruction set this CPU lacks
 // is reported as skipped.
@@ -226,15 +240,7 @@ TEST_P(EveryIsa, CachedDecodeAndChunkedPrefillKeepTheInvariant) {
     SCOPED_TRACE(std::string(kernels::isa_name(GetParam())) + " " + std::string(dtype_name(t)));
     const std::string path = model_of_type(t);
     expect_cache_equals_recompute(path, DType::F16, 2);
-    Rig one(path, 1), two(path, 2);
-    const auto prompt = long_prompt(100, one.model->config().n_vocab);
-    testing::Generator g1(*one.model, *one.pool, *one.threads);
-    testing::Generator g2(*two.model, *two.pool, *two.threads);
-    const std::vector<float> reference = g1.prompt_logits(prompt, 1000);
-    for (int chunk : {1, 7, 64}) {
-      EXPECT_TRUE(same_bits(reference, g1.prompt_logits(prompt, chunk))) << "chunk " << chunk;
-      EXPECT_TRUE(same_bits(reference, g2.prompt_logits(prompt, chunk))) << "2 threads " << chunk;
-    }
+    expect_chunks_and_threads_irrelevant(path);
   }
 }
 
@@ -517,15 +523,7 @@ TEST(LlamaModel, SlidingWindowsSeeOnlyTheirLastTokens) {
     SCOPED_TRACE(path);
     expect_cache_equals_recompute(path, DType::F16, 2);
     expect_cache_equals_recompute(path, DType::Q8_0, 1);
-    Rig one(path, 1), two(path, 2);
-    const auto prompt = long_prompt(100, one.model->config().n_vocab);
-    testing::Generator g1(*one.model, *one.pool, *one.threads);
-    testing::Generator g2(*two.model, *two.pool, *two.threads);
-    const std::vector<float> reference = g1.prompt_logits(prompt, 1000);
-    for (int chunk : {1, 7, 64}) {
-      EXPECT_TRUE(same_bits(reference, g1.prompt_logits(prompt, chunk))) << "chunk " << chunk;
-      EXPECT_TRUE(same_bits(reference, g2.prompt_logits(prompt, chunk))) << "2 threads " << chunk;
-    }
+    expect_chunks_and_threads_irrelevant(path);
     expect_batch_company_irrelevant(path, DType::F16, DType::F16);
   }
 }
