@@ -1,6 +1,5 @@
 #include "model/llama_config.h"
 
-#include <algorithm>
 #include <cmath>
 
 #include "base/error.h"
