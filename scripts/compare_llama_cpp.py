@@ -4,15 +4,21 @@
 llama.cpp is a yardstick only: build it out of tree (see the README) and point --llama-cpp at
 its bin directory. Speed: `kvcache bench --json` against `llama-bench -o json`, same -p, -n,
 -t, -r and KV type, one file after the other in one run. Accuracy (--text FILE): `kvcache
-perplexity` against `llama-perplexity`, same -c and --chunks.
+perplexity` against `llama-perplexity`, same -c and --chunks. Logits (--logits FILE): both
+engines' log-probabilities at 64 teacher-forced positions of FILE (one chunk of 130 tokens,
+the second half scored, f32 KV on both sides), compared per position: the top-1 token
+wherever llama.cpp's top-1/top-2 margin exceeds 1e-3, and the largest |difference| of the
+log-probabilities of llama.cpp's top 10 (its file stores them to about 1.2e-4).
 """
 
 import argparse
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
+import tempfile
 
 
 def run(cmd):
@@ -36,6 +42,68 @@ def perplexity(output):
     return float(match.group(1)) if match else None
 
 
+def llama_cpp_log_probs(path):
+    """Tokens and per-position log-probabilities from llama-perplexity --kl-divergence-base."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:8] != b"_logits_":
+        sys.exit(f"{path}: not a llama-perplexity logits file")
+    n_ctx, n_vocab, n_chunk = struct.unpack_from("<iii", data, 8)
+    offset = 20
+    tokens = struct.unpack_from(f"<{n_ctx * n_chunk}i", data, offset)
+    offset += 4 * n_ctx * n_chunk
+    nv = 2 * ((n_vocab + 1) // 2) + 4
+    rows = []
+    first = n_ctx // 2
+    for _ in range(n_chunk * (n_ctx - 1 - first)):
+        scale, minimum = struct.unpack_from("<ff", data, offset)
+        q = struct.unpack_from(f"<{n_vocab}H", data, offset + 8)
+        rows.append([minimum + scale * v for v in q])
+        offset += 2 * nv
+    return tokens, rows
+
+
+def kvcache_log_probs(path):
+    """Next tokens and per-position log-probabilities from kvcache's --kl-divergence-base."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:8] != b"KVCKLD1\n":
+        sys.exit(f"{path}: not a kvcache log-probability file")
+    n_vocab, _context, n_tokens = struct.unpack_from("<IIQ", data, 8)
+    offset = 24
+    nexts, rows = [], []
+    for _ in range(n_tokens):
+        (nxt,) = struct.unpack_from("<i", data, offset)
+        rows.append(list(struct.unpack_from(f"<{n_vocab}f", data, offset + 4)))
+        nexts.append(nxt)
+        offset += 4 + 4 * n_vocab
+    return nexts, rows
+
+
+def compare_logits(args, model):
+    """(positions, eligible, top-1 agreements, max |delta log-prob| over llama.cpp's top 10)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        theirs_path, ours_path = os.path.join(tmp, "llama.bin"), os.path.join(tmp, "ours.bin")
+        ppl = ["-f", args.logits, "-c", "130", "--chunks", "1"]
+        run([os.path.join(args.llama_cpp, "llama-perplexity"), "-m", model, *ppl, "-b", "130",
+             "-t", args.t, "-ctk", "f32", "-ctv", "f32", "--kl-divergence-base", theirs_path])
+        run([args.kvcache, "perplexity", "-m", model, *ppl, "--kv-dtype", "f32",
+             "--kl-divergence-base", ours_path])
+        tokens, theirs = llama_cpp_log_probs(theirs_path)
+        nexts, ours = kvcache_log_probs(ours_path)
+    if list(tokens[66:130]) != nexts or len(ours) != len(theirs):
+        sys.exit(f"{model}: the two engines tokenized the text differently")
+    eligible = agree = 0
+    worst = 0.0
+    for a, b in zip(theirs, ours):
+        order = sorted(range(len(a)), key=lambda i: a[i], reverse=True)
+        if a[order[0]] - a[order[1]] > 1e-3:
+            eligible += 1
+            agree += max(range(len(b)), key=lambda i: b[i]) == order[0]
+        worst = max(worst, max(abs(a[i] - b[i]) for i in order[:10]))
+    return len(ours), eligible, agree, worst
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", help="GGUF files")
@@ -49,14 +117,17 @@ def main():
     parser.add_argument("--text", help="also compare perplexity on this text file")
     parser.add_argument("-c", default="128", help="perplexity context per chunk")
     parser.add_argument("--chunks", default="8")
+    parser.add_argument("--logits", help="also compare log-probabilities on this text file")
+    parser.add_argument("--no-speed", action="store_true", help="skip the speed comparison")
     args = parser.parse_args()
 
     llama_bench = os.path.join(args.llama_cpp, "llama-bench")
     llama_ppl = os.path.join(args.llama_cpp, "llama-perplexity")
     common = ["-p", args.p, "-n", args.n, "-t", args.t, "-r", args.r]
-    print(f"| model | test | kvcache t/s | llama.cpp t/s | ratio |")
-    print(f"|---|---|---|---|---|")
-    for model in args.models:
+    if not args.no_speed:
+        print("| model | test | kvcache t/s | llama.cpp t/s | ratio |")
+        print("|---|---|---|---|---|")
+    for model in [] if args.no_speed else args.models:
         ours = bench_rows(json.loads(run([args.kvcache, "bench", "-m", model, *common,
                                           "--kv-dtype", args.kv_dtype, "--json"]).stdout))
         theirs = bench_rows(json.loads(run([llama_bench, "-m", model, *common, "-ctk",
@@ -67,6 +138,13 @@ def main():
             ratio = f"{ts / other:.2f}x" if other else "-"
             print(f"| {os.path.basename(model)} | {test} | {ts:.1f} | "
                   f"{other if other is None else round(other, 1)} | {ratio} |")
+    if args.logits:
+        print()
+        print("| model | positions | top-1 agreement (margin > 1e-3) | max abs delta log-prob, top 10 |")
+        print("|---|---|---|---|")
+        for model in args.models:
+            positions, eligible, agree, worst = compare_logits(args, model)
+            print(f"| {os.path.basename(model)} | {positions} | {agree}/{eligible} | {worst:.2e} |")
     if not args.text:
         return
     print()
