@@ -44,8 +44,10 @@ void add_make_model_command(CLI::App& app) {
                   "norms, GELU, soft-capping)")
       ->capture_default_str()
       ->check(CLI::IsMember({"llama", "qwen2", "qwen3", "phi3", "gemma2"}));
-  cmd->add_option("--sliding-window", a->sliding_window,
-                  "phi3 and gemma2: attention.sliding_window (default: the whole context)");
+  cmd->add_option(
+      "--sliding-window", a->sliding_window,
+      "attention.sliding_window for llama (Mistral style), phi3 and gemma2 (default: none for "
+      "llama, the whole context for the others)");
   cmd->add_option("--rope-freqs", a->rope_freqs,
                   "Write a rope_freqs.weight tensor: llama3.1 (Llama 3.1's long-context factors)")
       ->check(CLI::IsMember({"llama3.1"}));

@@ -79,7 +79,9 @@ LlamaConfig LlamaConfig::from_gguf(const gguf::File& f) {
           f.label(), scaling->describe());
     }
   }
-  if (c.architecture == "phi3" || c.architecture == "gemma2") {
+  // Windows where the architecture has them: Mistral-style llama files that name one (which
+  // llama.cpp ignores), phi3, gemma2. qwen2 files may name one they do not use, as in llama.cpp.
+  if (c.architecture == "llama" || c.architecture == "phi3" || c.architecture == "gemma2") {
     const uint64_t fallback = c.architecture == "gemma2" ? 4096 : 0;
     if (const uint64_t window = f.get_u64(p + "attention.sliding_window", fallback); window > 0) {
       c.sliding_window = positive_int(f, p + "attention.sliding_window", window);

@@ -41,9 +41,9 @@ struct LlamaConfig {
   // qwen3: each head of Q and K is RMS-normalised (attn_q_norm, attn_k_norm) before rotary.
   bool qk_norm = false;
   // Sliding-window attention, as llama.cpp runs it: a query at position p on a sliding layer
-  // sees the keys at positions p - sliding_window + 1 .. p (0: no window). phi3 slides on every
-  // layer when its file names a window, gemma2 on even layers (window 4096 unless named); the
-  // other architectures attend fully, as in llama.cpp.
+  // sees the keys at positions p - sliding_window + 1 .. p (0: no window). llama (Mistral
+  // style) and phi3 slide on every layer when the file names a window, gemma2 on even layers
+  // (window 4096 unless named); qwen2 and qwen3 attend fully, as in llama.cpp.
   int sliding_window = 0;
   int sliding_every = 1;  // layers l with l % sliding_every == 0 slide
 

@@ -273,7 +273,7 @@ void write_synthetic_model(const SyntheticOptions& o, const std::string& path,
   w.set_u32(arch + ".attention.head_count_kv", p.n_kv_heads);
   w.set_u32(arch + ".rope.dimension_count", p.n_embd / p.n_heads);
   w.set_f32(arch + ".rope.freq_base", p.rope_theta);
-  if (arch == "phi3" || arch == "gemma2") {  // their files carry a window
+  if (arch == "phi3" || arch == "gemma2" || (arch == "llama" && o.sliding_window > 0)) {
     const int context = o.context > 0 ? o.context : p.context_length;
     w.set_u32(arch + ".attention.sliding_window",
               o.sliding_window > 0 ? o.sliding_window : context);

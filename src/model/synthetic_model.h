@@ -53,7 +53,8 @@ struct SyntheticOptions {
   std::vector<float> rope_freq_factors;
   // Written as rope.scaling.type = "linear" with this rope.scaling.factor when above 0.
   float rope_linear_factor = 0.0f;
-  // phi3 and gemma2: attention.sliding_window (0: the whole context).
+  // attention.sliding_window: phi3 and gemma2 files always carry one (0: the whole context),
+  // llama files (Mistral style) when this is above 0.
   int sliding_window = 0;
 };
 

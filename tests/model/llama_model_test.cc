@@ -479,13 +479,14 @@ TEST(LlamaModel, Phi3FusedMatricesAreTheirSplitParts) {
   }
 }
 
-// Sliding-window attention as llama.cpp runs it: on a one-layer model (whose keys depend only
+// Sliding-window attention as llama.cpp runs it (and for Mistral-style llama files, which it
+// runs without): on a one-layer model (whose keys depend only
 // on their token and position), the last position's logits depend on the last `window` tokens
 // only; chunks, threads, batches and cache hits still change no bit; gemma2 slides on even
 // layers only.
 TEST(LlamaModel, SlidingWindowsSeeOnlyTheirLastTokens) {
   const auto dir = testing::scratch_dir();
-  for (const std::string arch : {"phi3", "gemma2"}) {
+  for (const std::string arch : {"llama", "phi3", "gemma2"}) {
     SyntheticOptions o;
     o.arch = arch;
     o.layers = 1;
