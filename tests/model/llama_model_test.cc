@@ -436,7 +436,7 @@ TEST(LlamaModel, Phi3FusedMatricesAreTheirSplitParts) {
     const std::string phi3 = (dir / ("phi3-" + std::string(dtype_name(t)) + ".gguf")).string();
     write_synthetic_model(o, phi3);
     const auto file = gguf::File::open(phi3);
-    const auto& c = LlamaModel::load(phi3)->config();
+    const LlamaConfig c = LlamaModel::load(phi3)->config();
     const size_t q = c.q_dim(), kv = c.kv_dim(), ff = c.n_ff;
     gguf::Writer w;
     for (const auto& [key, value] : file->metadata()) {
