@@ -18,9 +18,10 @@ struct Unpacked {
 };
 
 // A K super-block with its scales still integers, for kernels that convert them 16 at a time:
-// element e = (d * scale[e / 16]) * q[e] + offset_unit * offset[e / 16], the same values as
-// the Unpacked<256> form (offset_unit * offset[k] there is a single rounding too: each format's
-// offset is an integer times one f16 unit, times a power of two at most).
+// element e = (d * scale[e / 16]) * q[e] + offset_unit * offset[e / 16]. Each format's offset
+// is an integer times one f16 unit (times a power of two), so this is one rounding, as in the
+// Unpacked<256> form. (q4_K, q5_K and q6_K are also unpacked straight into registers by the
+// GEMM files, for speed; the values are the same.)
 struct UnpackedK {
   alignas(64) uint8_t q[256];
   alignas(32) int16_t scale[16];
