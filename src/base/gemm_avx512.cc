@@ -322,13 +322,10 @@ inline __m512 widen_u8_pairs(uint32_t lo, uint32_t hi) {
 // q4_K and q5_K's scales and minima, 16 lanes each.
 template <class B>
 inline void k4_scales512(const B& b, __m512* scale, __m512* offset) {
-  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
-  const uint32_t a = load_u32_le(b.scales), m = load_u32_le(b.scales + 4),
-                 h = load_u32_le(b.scales + 8);
-  *scale = _mm512_mul_ps(_mm512_set1_ps(half(b.d)),
-                         widen_u8_pairs(a & kLow6, (h & kLow4) | ((a >> 6) & kLow2) << 4));
-  *offset = _mm512_mul_ps(_mm512_set1_ps(-half(b.dmin)),
-                          widen_u8_pairs(m & kLow6, ((h >> 4) & kLow4) | ((m >> 6) & kLow2) << 4));
+  uint32_t sc[2], mn[2];
+  k4_scale_words(b.scales, sc, mn);
+  *scale = _mm512_mul_ps(_mm512_set1_ps(half(b.d)), widen_u8_pairs(sc[0], sc[1]));
+  *offset = _mm512_mul_ps(_mm512_set1_ps(-half(b.dmin)), widen_u8_pairs(mn[0], mn[1]));
 }
 
 // Pair p of q4_K or q5_K: the 32 bytes qs[32p..], their low nibbles then their high nibbles.

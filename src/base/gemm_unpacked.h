@@ -122,11 +122,8 @@ inline uint64_t twice(uint32_t w) {
 // q4_K and q5_K's scales and minima as two halves of 8 lanes each.
 template <class B>
 inline void k4_lane_scales(const B& b, __m256 scale[2], __m256 offset[2]) {
-  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
-  const uint32_t a = load_u32_le(b.scales), m = load_u32_le(b.scales + 4),
-                 h = load_u32_le(b.scales + 8);
-  const uint32_t sc[2] = {a & kLow6, (h & kLow4) | ((a >> 6) & kLow2) << 4};
-  const uint32_t mn[2] = {m & kLow6, ((h >> 4) & kLow4) | ((m >> 6) & kLow2) << 4};
+  uint32_t sc[2], mn[2];
+  k4_scale_words(b.scales, sc, mn);
   const __m256 d = _mm256_set1_ps(half(b.d)), dmin = _mm256_set1_ps(-half(b.dmin));
   for (int i = 0; i < 2; ++i) {
     scale[i] = _mm256_mul_ps(d, widen_u8(twice(sc[i])));

@@ -146,17 +146,24 @@ struct UnpackQ3_K {
   static void unpack(const Block& b, Unpacked<256>& out) { unpack_k<UnpackQ3_K>(b, out); }
 };
 
-// q4_K and q5_K's eight 6-bit scales and minima, each written for both halves of its 32. Of
-// the 12 packed bytes, bytes 0-3 hold scales 0-3 and bytes 4-7 minima 0-3 in their low six
-// bits; scales and minima 4-7 take their low four bits from the nibbles of bytes 8-11 and their
-// top two from the spare bits of bytes 0-3 and 4-7. Four bytes per 32-bit operation.
+// q4_K and q5_K's eight 6-bit scales (bytes of scales[0..1]) and minima (bytes of mins[0..1])
+// from their 12 packed bytes: bytes 0-3 hold scales 0-3 and bytes 4-7 minima 0-3 in their low
+// six bits; scales and minima 4-7 take their low four bits from the nibbles of bytes 8-11 and
+// their top two from the spare bits of bytes 0-3 and 4-7. Four values per 32-bit operation.
+inline void k4_scale_words(const uint8_t* packed, uint32_t scales[2], uint32_t mins[2]) {
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+  const uint32_t a = load_u32_le(packed), m = load_u32_le(packed + 4), h = load_u32_le(packed + 8);
+  scales[0] = a & kLow6;
+  scales[1] = (h & kLow4) | ((a >> 6) & kLow2) << 4;
+  mins[0] = m & kLow6;
+  mins[1] = ((h >> 4) & kLow4) | ((m >> 6) & kLow2) << 4;
+}
+
+// q4_K and q5_K's scales and minima, each written for both halves of its 32 elements.
 template <class B>
 inline void k4_subblocks(const B& b, UnpackedK& out) {
-  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
-  const uint32_t a = load_u32_le(b.scales), m = load_u32_le(b.scales + 4),
-                 h = load_u32_le(b.scales + 8);
-  const uint32_t scales[2] = {a & kLow6, (h & kLow4) | ((a >> 6) & kLow2) << 4};
-  const uint32_t mins[2] = {m & kLow6, ((h >> 4) & kLow4) | ((m >> 6) & kLow2) << 4};
+  uint32_t scales[2], mins[2];
+  k4_scale_words(b.scales, scales, mins);
   for (int j = 0; j < 8; ++j) {
     const auto scale = static_cast<int16_t>((scales[j / 4] >> (8 * (j % 4))) & 0xff);
     const auto min = static_cast<int16_t>((mins[j / 4] >> (8 * (j % 4))) & 0xff);
