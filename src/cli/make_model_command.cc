@@ -49,8 +49,10 @@ void add_make_model_command(CLI::App& app) {
       "attention.sliding_window for llama (Mistral style), phi3 and gemma2 (default: none for "
       "llama, the whole context for the others)");
   cmd->add_option("--rope-freqs", a->rope_freqs,
-                  "Write a rope_freqs.weight tensor: llama3.1 (Llama 3.1's long-context factors)")
-      ->check(CLI::IsMember({"llama3.1"}));
+                  "Write per-pair rope factors: llama3.1 (Llama 3.1's rope_freqs.weight) or "
+                  "longrope (Phi-3.5's long and short factors, for a context 32 times the "
+                  "original)")
+      ->check(CLI::IsMember({"llama3.1", "longrope"}));
   cmd->callback([a] {
     model::SyntheticOptions o;
     o.preset = a->preset;
@@ -60,9 +62,13 @@ void add_make_model_command(CLI::App& app) {
     o.seed = a->seed;
     o.arch = a->arch;
     o.sliding_window = a->sliding_window;
+    const model::SyntheticPreset& p = model::find_synthetic_preset(a->preset);
     if (a->rope_freqs == "llama3.1") {
-      const model::SyntheticPreset& p = model::find_synthetic_preset(a->preset);
       o.rope_freq_factors = model::llama31_rope_factors(p.n_embd / p.n_heads, p.rope_theta);
+    } else if (a->rope_freqs == "longrope") {
+      // Phi-3.5's proportions: a context 32 times the one the short factors were made for.
+      const uint64_t context = a->context > 0 ? a->context : p.context_length;
+      o.long_rope = model::phi35_long_rope(p.n_embd / p.n_heads, context, context / 32);
     }
     const uint64_t bytes = model::synthetic_model_bytes(o);
     spdlog::info("writing {} ({}, {} weights) to {}", a->preset, a->dtype, format_bytes(bytes),

@@ -64,6 +64,14 @@ LlamaConfig LlamaConfig::from_gguf(const gguf::File& f) {
     fail("{}: rms epsilon {} and rope.freq_base {} must be positive", f.label(), c.rms_eps,
          c.rope_theta);
   }
+  c.rope_original_context =
+      positive_int(f, p + "rope.scaling.original_context_length",
+                   f.get_u64(p + "rope.scaling.original_context_length", c.context_length));
+  c.rope_attn_factor = static_cast<float>(f.get_f64(p + "rope.scaling.attn_factor", 1.0));
+  if (!(c.rope_attn_factor > 0.0f) || !std::isfinite(c.rope_attn_factor)) {
+    fail("{}: rope.scaling.attn_factor {} must be positive and finite", f.label(),
+         c.rope_attn_factor);
+  }
   if (const gguf::Value* scaling = f.find(p + "rope.scaling.type")) {
     const std::string* type = scaling->as_string();
     if (type != nullptr && *type == "linear") {

@@ -37,6 +37,11 @@ struct LlamaConfig {
   // Linear rope scaling (rope.scaling.type = "linear"): angles are multiplied by this, which is
   // 1 / rope.scaling.factor; 1 without scaling.
   float rope_freq_scale = 1.0f;
+  // LongRoPE (Phi-3.5, Phi-3 128k): the context the short factors were trained for
+  // (rope.scaling.original_context_length; context_length when absent) and the factor that
+  // multiplies every rotary cosine and sine (rope.scaling.attn_factor; 1 when absent).
+  int rope_original_context = 0;
+  float rope_attn_factor = 1.0f;
   RopeLayout rope_layout = RopeLayout::kAdjacent;
   // qwen3: each head of Q and K is RMS-normalised (attn_q_norm, attn_k_norm) before rotary.
   bool qk_norm = false;

@@ -54,15 +54,19 @@ void LlamaModel::bind_weights() {
   const WeightView embd = matrix("token_embd.weight", d, c.n_vocab);
   output_norm_ = vector("output_norm.weight", d);
   output_ = file_->find_tensor("output.weight") ? matrix("output.weight", d, c.n_vocab) : embd;
-  if (file_->find_tensor("rope_factors_long.weight") != nullptr) {
-    fail("{}: LongRoPE (rope_factors_long.weight, Phi-3 128k) is not supported", file_->label());
-  }
-  if (file_->find_tensor("rope_freqs.weight") != nullptr) {
-    rope_freq_factors_ = vector("rope_freqs.weight", c.n_rot / 2);
+  // Per-pair rope factors: Llama 3.1's rope_freqs, else LongRoPE's long factors when the
+  // context kvcache runs with (the file's) exceeds the one the short factors were made for, as
+  // llama.cpp chooses at that context. The choice is fixed per file, so cached keys stay valid.
+  const std::string factors_name =
+      file_->find_tensor("rope_freqs.weight") != nullptr ? "rope_freqs.weight"
+      : c.context_length > c.rope_original_context       ? "rope_factors_long.weight"
+                                                         : "rope_factors_short.weight";
+  if (file_->find_tensor(factors_name) != nullptr) {
+    rope_freq_factors_ = vector(factors_name, c.n_rot / 2);
     for (float f : rope_freq_factors_) {
       if (!(f > 0.0f) || !std::isfinite(f)) {
-        fail("{}: rope_freqs.weight holds {}; every factor must be positive and finite",
-             file_->label(), f);
+        fail("{}: {} holds {}; every factor must be positive and finite", file_->label(),
+             factors_name, f);
       }
     }
   }
@@ -357,8 +361,8 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
       const double factor = rope_freq_factors_.empty() ? 1.0 : rope_freq_factors_[i];
       // As llama.cpp: the position's angle divided by the pair's factor, then scaled linearly.
       const double angle = c.rope_freq_scale * (rows[r].pos * freq / factor);
-      s.rope_cos[r * half_rot + i] = static_cast<float>(std::cos(angle));
-      s.rope_sin[r * half_rot + i] = static_cast<float>(std::sin(angle));
+      s.rope_cos[r * half_rot + i] = static_cast<float>(std::cos(angle)) * c.rope_attn_factor;
+      s.rope_sin[r * half_rot + i] = static_cast<float>(std::sin(angle)) * c.rope_attn_factor;
     }
   }
 

@@ -85,7 +85,8 @@ class LlamaModel {
   std::vector<LayerWeights> layers_;
   std::vector<float> output_norm_;
   // Per rotary pair i, the divisor of its angle (rope_freqs.weight, as Llama 3.1 files carry
-  // for their long-context scaling); empty when the file has none (all 1).
+  // for their long-context scaling, or LongRoPE's long or short factors); empty when the file
+  // has none (all 1).
   std::vector<float> rope_freq_factors_;
   WeightView output_;
   uint64_t weight_bytes_ = 0;

@@ -282,6 +282,11 @@ void write_synthetic_model(const SyntheticOptions& o, const std::string& path,
     w.set_f32(arch + ".attn_logit_softcapping", 50.0f);
     w.set_f32(arch + ".final_logit_softcapping", 30.0f);
   }
+  if (o.long_rope) {
+    w.set_u32(arch + ".rope.scaling.original_context_length",
+              static_cast<uint32_t>(o.long_rope->original_context));
+    w.set_f32(arch + ".rope.scaling.attn_factor", o.long_rope->attn_factor);
+  }
   if (o.rope_linear_factor > 0.0f) {
     w.set_string(arch + ".rope.scaling.type", "linear");
     w.set_f32(arch + ".rope.scaling.factor", o.rope_linear_factor);
@@ -325,18 +330,40 @@ void write_synthetic_model(const SyntheticOptions& o, const std::string& path,
                              [&](size_t b, size_t e) { fill_rows(t, values, seed, i, dst, b, e); });
         });
   }
-  if (!o.rope_freq_factors.empty()) {
+  const auto add_factors = [&](const std::string& name, const std::vector<float>& factors) {
     const uint64_t pairs = p.n_embd / p.n_heads / 2;
-    if (o.rope_freq_factors.size() != pairs) {
-      fail("rope_freqs needs {} factors for this preset, got {}", pairs,
-           o.rope_freq_factors.size());
+    if (factors.size() != pairs) {
+      fail("{} needs {} factors for this preset, got {}", name, pairs, factors.size());
     }
-    w.add_tensor("rope_freqs.weight", {pairs}, DType::F32,
-                 [factors = o.rope_freq_factors](uint8_t* dst, size_t) {
-                   std::memcpy(dst, factors.data(), factors.size() * sizeof(float));
-                 });
+    w.add_tensor(name, {pairs}, DType::F32, [factors](uint8_t* dst, size_t) {
+      std::memcpy(dst, factors.data(), factors.size() * sizeof(float));
+    });
+  };
+  if (!o.rope_freq_factors.empty()) add_factors("rope_freqs.weight", o.rope_freq_factors);
+  if (o.long_rope) {
+    add_factors("rope_factors_long.weight", o.long_rope->long_factors);
+    add_factors("rope_factors_short.weight", o.long_rope->short_factors);
   }
   w.write(path, progress);
+}
+
+LongRope phi35_long_rope(int n_rot, uint64_t context, uint64_t original_context) {
+  if (original_context < 2 || context <= original_context) {
+    fail("LongRoPE needs an original context of at least 2 below the context, got {} and {}",
+         original_context, context);
+  }
+  LongRope r;
+  r.original_context = original_context;
+  const double scale = static_cast<double>(context) / static_cast<double>(original_context);
+  r.attn_factor = static_cast<float>(
+      std::sqrt(1.0 + std::log(scale) / std::log(static_cast<double>(original_context))));
+  const int pairs = n_rot / 2;
+  for (int i = 0; i < pairs; ++i) {
+    const double t = pairs > 1 ? static_cast<double>(i) / (pairs - 1) : 0.0;
+    r.short_factors.push_back(static_cast<float>(1.0 + 0.5 * t * t));
+    r.long_factors.push_back(static_cast<float>(std::pow(2.0 * scale, t)));
+  }
+  return r;
 }
 
 std::vector<float> llama31_rope_factors(int n_rot, float rope_theta) {

@@ -32,6 +32,15 @@ const std::vector<SyntheticPreset>& synthetic_presets();
 // The preset called name; throws Error listing the valid names otherwise.
 const SyntheticPreset& find_synthetic_preset(const std::string& name);
 
+// LongRoPE's per-pair factors for long and short contexts, the context the short ones were made
+// for, and the factor on every rotary cosine and sine.
+struct LongRope {
+  std::vector<float> long_factors;
+  std::vector<float> short_factors;
+  uint64_t original_context = 0;
+  float attn_factor = 1.0f;
+};
+
 struct SyntheticOptions {
   std::string preset = "tiny";
   // general.architecture: llama, qwen2 (adds Q/K/V biases), qwen3 (adds per-head Q/K norms),
@@ -53,6 +62,9 @@ struct SyntheticOptions {
   std::vector<float> rope_freq_factors;
   // Written as rope.scaling.type = "linear" with this rope.scaling.factor when above 0.
   float rope_linear_factor = 0.0f;
+  // Written, when set, as Phi-3.5's LongRoPE: rope_factors_long/short.weight and the
+  // rope.scaling.original_context_length and attn_factor keys.
+  std::optional<LongRope> long_rope;
   // attention.sliding_window: phi3 and gemma2 files always carry one (0: the whole context),
   // llama files (Mistral style) when this is above 0.
   int sliding_window = 0;
@@ -63,6 +75,11 @@ struct SyntheticOptions {
 // 8192): wavelengths under 2048 positions keep factor 1, those over 8192 take 8, and those
 // between are interpolated smoothly.
 std::vector<float> llama31_rope_factors(int n_rot, float rope_theta);
+
+// LongRoPE factors shaped as Phi-3.5's (short ones rising from 1 to about 1.5, long ones from 1
+// to twice context / original_context), with its attention factor
+// sqrt(1 + ln(context / original_context) / ln(original_context)).
+LongRope phi35_long_rope(int n_rot, uint64_t context, uint64_t original_context);
 
 // A llama-style SentencePiece vocabulary of n tokens: <unk>, <s>, </s>, the 256 byte tokens,
 // then pieces each made of two earlier pieces (so BPE merges can reach every one), with

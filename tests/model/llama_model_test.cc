@@ -326,6 +326,68 @@ TEST(LlamaModel, RopeFreqFactorsAndLinearScalingScaleTheAngles) {
               ::testing::ThrowsMessage<Error>(HasSubstr("rope.scaling.factor 0.5")));
 }
 
+// LongRoPE as llama.cpp runs it: the long factors when the context exceeds the original one,
+// else the short ones, each dividing its pair's angle as rope_freqs.weight does, and the
+// attention factor multiplying every cosine and sine (so 1 changes nothing).
+TEST(LlamaModel, LongRopeChoosesItsFactorsByContextAndScalesByItsAttentionFactor) {
+  const auto dir = testing::scratch_dir();
+  const int pairs = 16 / 2;  // tiny: head dimension 16, context 512
+  const auto write = [&](const std::string& name, std::vector<float> freqs,
+                         std::optional<LongRope> long_rope) {
+    SyntheticOptions o;
+    o.preset = "tiny";
+    o.rope_freq_factors = std::move(freqs);
+    o.long_rope = std::move(long_rope);
+    const std::string path = (dir / (name + ".gguf")).string();
+    write_synthetic_model(o, path);
+    return path;
+  };
+  const auto logits = [&](const std::string& path) {
+    Rig rig(path, 1);
+    return rig.recompute(long_prompt(60, rig.model->config().n_vocab));
+  };
+  const std::vector<float> ones(pairs, 1.0f), twos(pairs, 2.0f), threes(pairs, 3.0f);
+  const std::vector<float> with_twos = logits(write("twos", twos, std::nullopt));
+  const std::vector<float> with_threes = logits(write("threes", threes, std::nullopt));
+  // Context 512 above an original 256: the long factors; at 512 itself: the short ones.
+  EXPECT_TRUE(same_bits(with_twos, logits(write("long", {}, LongRope{twos, threes, 256, 1.0f}))));
+  EXPECT_TRUE(
+      same_bits(with_threes, logits(write("short", {}, LongRope{twos, threes, 512, 1.0f}))));
+  const std::vector<float> scaled = logits(write("scaled", {}, LongRope{twos, ones, 256, 1.25f}));
+  EXPECT_FALSE(same_bits(with_twos, scaled));
+  ASSERT_EQ(scaled.size(), with_twos.size());
+  for (float v : scaled) ASSERT_TRUE(std::isfinite(v));
+
+  // make-model's Phi-3.5 shape: rising factors, and the attention factor of its converter.
+  const LongRope phi35 = phi35_long_rope(96, 131072, 4096);
+  ASSERT_EQ(phi35.long_factors.size(), 48u);
+  EXPECT_TRUE(std::is_sorted(phi35.long_factors.begin(), phi35.long_factors.end()));
+  EXPECT_EQ(phi35.short_factors.front(), 1.0f);
+  EXPECT_NEAR(phi35.attn_factor, std::sqrt(1.0 + std::log(32.0) / std::log(4096.0)), 1e-6);
+  SyntheticOptions o;
+  o.preset = "tiny";
+  o.arch = "phi3";
+  o.long_rope = phi35_long_rope(16, 512, 16);
+  const std::string phi3 = (dir / "phi3-longrope.gguf").string();
+  write_synthetic_model(o, phi3);
+  const auto model = LlamaModel::load(phi3);
+  EXPECT_EQ(model->config().rope_original_context, 16);
+  EXPECT_FLOAT_EQ(model->config().rope_attn_factor, o.long_rope->attn_factor);
+
+  EXPECT_THAT(
+      [&] {
+        LlamaModel::load(write("zero-long", {}, LongRope{ones, ones, 256, 0.0f}));
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("rope.scaling.attn_factor 0")));
+  std::vector<float> bad = ones;
+  bad[3] = -1.0f;
+  EXPECT_THAT(
+      [&] {
+        LlamaModel::load(write("bad-long", {}, LongRope{bad, ones, 256, 1.0f}));
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("rope_factors_long.weight holds -1")));
+}
+
 // The same weights as a qwen2 file (rotary pairs in halves), rewritten as a llama file whose Q
 // and K rows (and biases) are permuted so that adjacent pairs hold what the halves held: the
 // permutation llama.cpp's converter applies to Llama checkpoints. f32 weights only.
