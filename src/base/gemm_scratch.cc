@@ -6,8 +6,9 @@
 
 namespace kvc::kernels {
 
-uint8_t* gemm_scratch(size_t bytes) {
-  thread_local std::vector<uint8_t> buffer;
+uint8_t* gemm_scratch(size_t bytes, int slot) {
+  thread_local std::vector<uint8_t> buffers[2];
+  std::vector<uint8_t>& buffer = buffers[slot];
   if (buffer.size() < bytes) buffer.resize(bytes);
   return buffer.data();
 }

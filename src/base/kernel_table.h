@@ -26,7 +26,14 @@ struct KernelTable {
                              size_t hd, float scale, float* const* out);
   void (*accumulate_f32)(const float* p, const float* v, size_t n, size_t hd, float* out);
   void (*accumulate_f16)(const float* p, const uint16_t* v, size_t n, size_t hd, float* out);
+  // quantize_row to q8_0 and to f16: the same bytes as its scalar code.
+  void (*quantize_q8_0)(const float* x, void* out, size_t n);
+  void (*to_f16)(const float* x, uint16_t* out, size_t n);
 };
+
+// The AVX2 + F16C row conversions, which the AVX-512 table shares (they are bound by memory).
+void quantize_q8_0_avx2(const float* x, void* out, size_t n);
+void to_f16_avx2(const float* x, uint16_t* out, size_t n);
 
 // The four attention loops, written once over an instruction set's own dot and axpy so that
 // the compiler inlines them (a call per key row costs more than an 8-element dot).

@@ -131,7 +131,17 @@ size_t activation_row_bytes(DType w, size_t n) {
 }
 
 void prepare_activations(DType w, const float* x, void* out, size_t n) {
-  quantize_row(activation_type(w), x, out, n);
+  quantize(activation_type(w), x, out, n);
+}
+
+void quantize(DType t, const float* x, void* out, size_t n) {
+  if (t == DType::Q8_0) {
+    table().quantize_q8_0(x, out, n);
+  } else if (t == DType::F16) {
+    table().to_f16(x, static_cast<uint16_t*>(out), n);
+  } else {
+    quantize_row(t, x, out, n);
+  }
 }
 
 namespace {

@@ -31,6 +31,9 @@ DType activation_type(DType w);
 size_t activation_row_bytes(DType w, size_t n);
 // Converts n f32 activations into activation_type(w), written to out.
 void prepare_activations(DType w, const float* x, void* out, size_t n);
+// quantize_row(t, x, out, n) through the active instruction set where it has a kernel for t
+// (f16, q8_0): the same bytes on every instruction set.
+void quantize(DType t, const float* x, void* out, size_t n);
 
 // out[r] = dot(w, x_r) for r < m, where w is one weight row of n elements of type wtype and
 // x_r = x + r * x_stride bytes is a prepared activation row. out[r] depends on w and x_r only.

@@ -238,7 +238,56 @@ struct Lanes {
 
 #include "base/attention_lanes.h"
 
+// 32 int32 values (each in [-127, 127]) as 32 int8 in order.
+inline __m256i pack_i8(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i ab = _mm256_packs_epi32(a, b);  // lanes: a0-3 b0-3 | a4-7 b4-7
+  const __m256i cd = _mm256_packs_epi32(c, d);
+  const __m256i all = _mm256_packs_epi16(ab, cd);  // a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 ...
+  return _mm256_permutevar8x32_epi32(all, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 }  // namespace
+
+// As quantize_row's q8_0: the block's largest magnitude over 127 is its scale, and each value
+// times the scale's reciprocal is rounded to nearest even (the default rounding mode, as
+// std::nearbyint) with the same float operations.
+void quantize_q8_0_avx2(const float* x, void* out, size_t n) {
+  auto* b = static_cast<BlockQ8_0*>(out);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (size_t i = 0; i < n / 32; ++i) {
+    const float* xi = x + i * 32;
+    __m256 v[4];
+    for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(xi + 8 * k);
+    const __m256 m01 = _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1]));
+    const __m256 m23 = _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3]));
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(_mm256_max_ps(m01, m23)),
+                          _mm256_extractf128_ps(_mm256_max_ps(m01, m23), 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float d = _mm_cvtss_f32(m) / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    b[i].d = f32_to_f16(d);
+    const __m256 scale = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], scale));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(b[i].qs), pack_i8(q[0], q[1], q[2], q[3]));
+  }
+}
+
+// F16C rounds to nearest even as f32_to_f16 does; a NaN keeps f32_to_f16's own bits.
+void to_f16_avx2(const float* x, uint16_t* out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0) {
+      for (size_t e = i; e < i + 8; ++e) out[e] = f32_to_f16(x[e]);
+      continue;
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  for (; i < n; ++i) out[i] = f32_to_f16(x[i]);
+}
 
 const KernelTable* avx2_kernels() {
   static const KernelTable table = {
@@ -253,6 +302,8 @@ const KernelTable* avx2_kernels() {
       scores_f16_queries,
       accumulate_f32,
       accumulate_f16_panels<Lanes>,
+      quantize_q8_0_avx2,
+      to_f16_avx2,
   };
   return &table;
 }

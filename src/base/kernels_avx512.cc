@@ -269,6 +269,8 @@ const KernelTable* avx512_kernels() {
       scores_f16_queries,
       accumulate_f32,
       accumulate_f16_panels<Lanes>,
+      quantize_q8_0_avx2,
+      to_f16_avx2,
   };
   return &table;
 }

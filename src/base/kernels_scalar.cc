@@ -105,6 +105,14 @@ void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, siz
   for (size_t j = 0; j < nq; ++j) scores_f16(q[j], k, n, hd, scale, out[j]);
 }
 
+void quantize_q8_0_scalar(const float* x, void* out, size_t n) {
+  quantize_row(DType::Q8_0, x, out, n);
+}
+
+void to_f16_scalar(const float* x, uint16_t* out, size_t n) {
+  quantize_row(DType::F16, x, out, n);
+}
+
 }  // namespace
 
 const KernelTable& scalar_kernels() {
@@ -122,6 +130,8 @@ const KernelTable& scalar_kernels() {
       scores_f16_queries,
       accumulate_f32,
       accumulate_f16,
+      quantize_q8_0_scalar,
+      to_f16_scalar,
   };
   return table;
 }

@@ -1,6 +1,7 @@
 #include "kv/kv_geometry.h"
 
 #include "base/error.h"
+#include "base/kernels.h"
 
 namespace kvc::kv {
 
@@ -67,12 +68,12 @@ void KvGeometry::store_token(uint8_t* block, int layer, int kind, int slot,
   const DType t = dtype(kind);
   if (grouping(kind) == KvGrouping::kToken) {
     const size_t at = slab_offset(layer, kind) + static_cast<size_t>(slot) * token_bytes(kind);
-    quantize_row(t, values, block + at, static_cast<size_t>(n_kv_heads) * head_dim);
+    kernels::quantize(t, values, block + at, static_cast<size_t>(n_kv_heads) * head_dim);
     return;
   }
   for (int h = 0; h < n_kv_heads; ++h) {
-    quantize_row(t, values + static_cast<size_t>(h) * head_dim,
-                 block + offset(layer, kind, h, slot), head_dim);
+    kernels::quantize(t, values + static_cast<size_t>(h) * head_dim,
+                      block + offset(layer, kind, h, slot), head_dim);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "base/isa_fixtures.h"
@@ -118,6 +119,28 @@ TEST_P(GemmTest, ChunkedWeightRowsEqualTheSingleRowDot) {
       for (size_t c = 0; c < ops.n_w; ++c) {
         ASSERT_TRUE(same_bits(y[r * ops.n_w + c], ops.single(r, c)))
             << describe(wt, ops.n, ops.n_w, ops.n_x, r, c);
+      }
+    }
+  }
+}
+
+// Prefill-sized calls (16 activation rows or more), where kernels that can expand each chunk of
+// weight rows once for every tile do so: long rows over several chunks, short rows, odd block
+// counts that keep the blocks, with full and partial tiles both ways.
+TEST_P(GemmTest, ExpandedWeightRowsEqualTheSingleRowDot) {
+  for (DType wt : kWeightTypes) {
+    for (const auto& [n, n_w, n_x] :
+         {std::tuple<size_t, size_t, size_t>{4096, 70, 18}, {256, 13, 17}, {768, 9, 16}}) {
+      const size_t length = block_elements(wt) == 256 || n % 64 != 0 ? n : n + 32;
+      for (size_t len : {n, length}) {
+        const Operands ops(wt, len, n_w, n_x, static_cast<uint32_t>(len + n_x));
+        const std::vector<float> y = ops.gemm();
+        for (size_t r = 0; r < ops.n_x; ++r) {
+          for (size_t c = 0; c < ops.n_w; ++c) {
+            ASSERT_TRUE(same_bits(y[r * ops.n_w + c], ops.single(r, c)))
+                << describe(wt, ops.n, ops.n_w, ops.n_x, r, c);
+          }
+        }
       }
     }
   }

@@ -58,6 +58,45 @@ TEST(Kernels, DotMatchesReferenceOnEveryIsa) {
   }
 }
 
+// The forward pass's row conversions (activations to q8_0, keys and values to f16 or q8_0) write
+// quantize_row's bytes on every instruction set: magnitudes from subnormal to f16's overflow,
+// zero blocks, exact halves (which round to even), infinities and NaNs for f16.
+TEST(Kernels, RowConversionsAreQuantizeRowsBytesOnEveryIsa) {
+  IsaGuard guard;
+  std::mt19937 rng(7);
+  std::vector<float> x;
+  for (int block = 0; block < 64; ++block) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 40) - 30);
+    for (int i = 0; i < 32; ++i) {
+      x.push_back(scale * std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng));
+    }
+  }
+  for (int i = 0; i < 32; ++i) x.push_back(i % 2 == 0 ? 0.0f : -0.0f);    // an all-zero block
+  for (int i = 0; i < 32; ++i) x.push_back(i == 0 ? 127.0f : i - 15.5f);  // ties at scale 1
+  for (float v : {65504.0f, 65519.0f, 65520.0f, 1e-8f, 6e-8f, 3e-8f, 2.98e-8f, -6.1e-5f}) {
+    x.push_back(v);
+  }
+  const size_t n = x.size();  // 33 blocks of 32 and 8 more: the f16 tail runs too
+  std::vector<float> special = x;
+  special[5] = INFINITY;
+  special[40] = -INFINITY;
+  special[77] = NAN;
+  for (Isa isa : supported_isas()) {
+    kernels::set_isa(isa);
+    const size_t whole = n / 32 * 32;
+    std::vector<uint8_t> want(row_bytes(DType::Q8_0, whole)), got(want.size());
+    quantize_row(DType::Q8_0, x.data(), want.data(), whole);
+    kernels::quantize(DType::Q8_0, x.data(), got.data(), whole);
+    EXPECT_EQ(want, got) << kernels::isa_name(isa) << " q8_0";
+    for (const auto* row : {&x, &special}) {
+      std::vector<uint8_t> want16(row_bytes(DType::F16, n)), got16(want16.size());
+      quantize_row(DType::F16, row->data(), want16.data(), n);
+      kernels::quantize(DType::F16, row->data(), got16.data(), n);
+      EXPECT_EQ(want16, got16) << kernels::isa_name(isa) << " f16";
+    }
+  }
+}
+
 TEST(Kernels, SimdAgreesWithScalarOnF16AttentionKernels) {
   IsaGuard guard;
   for (Isa isa : supported_isas()) {
