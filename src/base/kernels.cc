@@ -134,6 +134,10 @@ void prepare_activations(DType w, const float* x, void* out, size_t n) {
   quantize(activation_type(w), x, out, n);
 }
 
+float softmax_exp(float* p, size_t n, float max) {
+  return table().softmax_exp(p, n, max);
+}
+
 void quantize(DType t, const float* x, void* out, size_t n) {
   if (t == DType::Q8_0) {
     table().quantize_q8_0(x, out, n);

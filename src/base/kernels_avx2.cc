@@ -238,6 +238,46 @@ struct Lanes {
 
 #include "base/attention_lanes.h"
 
+#include "base/softmax_exp.h"
+
+struct ExpLanes {
+  using Vec = __m256;
+  static Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+  static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+  static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static Vec round(Vec a) {
+    return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  static Vec set1(float a) { return _mm256_set1_ps(a); }
+  // As Scalar's x > limit ? x : limit, NaN included (max returns its second operand then).
+  static Vec at_least(Vec x, float limit) { return _mm256_max_ps(x, set1(limit)); }
+  static Vec scale(Vec y, Vec n) {
+    return _mm256_castsi256_ps(
+        _mm256_add_epi32(_mm256_castps_si256(y), _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23)));
+  }
+  static Vec zero_below(Vec v, Vec x, float limit) {
+    return _mm256_blendv_ps(v, _mm256_setzero_ps(), _mm256_cmp_ps(x, set1(limit), _CMP_LT_OQ));
+  }
+};
+
+// Eight lanes of sums, then the last n % 8 elements one by one.
+float softmax_exp_avx2(float* p, size_t n, float max) {
+  __m256 acc = _mm256_setzero_ps();
+  const __m256 m = _mm256_set1_ps(max);
+  size_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    const __m256 e = softmax_exp::exp<ExpLanes>(_mm256_sub_ps(_mm256_loadu_ps(p + t), m));
+    _mm256_storeu_ps(p + t, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float sum = hsum256(acc);
+  for (; t < n; ++t) {
+    p[t] = softmax_exp::exp<softmax_exp::Scalar>(p[t] - max);
+    sum += p[t];
+  }
+  return sum;
+}
+
 // 32 int32 values (each in [-127, 127]) as 32 int8 in order.
 inline __m256i pack_i8(__m256i a, __m256i b, __m256i c, __m256i d) {
   const __m256i ab = _mm256_packs_epi32(a, b);  // lanes: a0-3 b0-3 | a4-7 b4-7
@@ -304,6 +344,7 @@ const KernelTable* avx2_kernels() {
       accumulate_f16_panels<Lanes>,
       quantize_q8_0_avx2,
       to_f16_avx2,
+      softmax_exp_avx2,
   };
   return &table;
 }

@@ -247,6 +247,49 @@ struct Lanes {
 
 #include "base/attention_lanes.h"
 
+#include "base/softmax_exp.h"
+
+struct ExpLanes {
+  using Vec = __m512;
+  static Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+  static Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+  static Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static Vec round(Vec a) {
+    return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  static Vec set1(float a) { return _mm512_set1_ps(a); }
+  // As Scalar's x > limit ? x : limit, NaN included (max returns its second operand then).
+  static Vec at_least(Vec x, float limit) { return _mm512_max_ps(x, set1(limit)); }
+  static Vec scale(Vec y, Vec n) {
+    return _mm512_castsi512_ps(
+        _mm512_add_epi32(_mm512_castps_si512(y), _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23)));
+  }
+  static Vec zero_below(Vec v, Vec x, float limit) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, set1(limit), _CMP_LT_OQ), v,
+                                _mm512_setzero_ps());
+  }
+};
+
+// Sixteen lanes of sums, the last n % 16 elements in masked lanes.
+float softmax_exp_avx512(float* p, size_t n, float max) {
+  __m512 acc = _mm512_setzero_ps();
+  const __m512 m = _mm512_set1_ps(max);
+  size_t t = 0;
+  for (; t + 16 <= n; t += 16) {
+    const __m512 e = softmax_exp::exp<ExpLanes>(_mm512_sub_ps(_mm512_loadu_ps(p + t), m));
+    _mm512_storeu_ps(p + t, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  if (t < n) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << (n - t)) - 1);
+    const __m512 e =
+        softmax_exp::exp<ExpLanes>(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, p + t), m));
+    _mm512_mask_storeu_ps(p + t, mask, e);
+    acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(mask, e));
+  }
+  return hsum512(acc);
+}
+
 // Several queries against the same keys: each query eight keys at a time (on AVX-512 the
 // shared horizontal sums gain more than sharing each key row's conversion across queries).
 void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, size_t n, size_t hd,
@@ -271,6 +314,7 @@ const KernelTable* avx512_kernels() {
       accumulate_f16_panels<Lanes>,
       quantize_q8_0_avx2,
       to_f16_avx2,
+      softmax_exp_avx512,
   };
   return &table;
 }

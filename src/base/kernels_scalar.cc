@@ -105,6 +105,17 @@ void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, siz
   for (size_t j = 0; j < nq; ++j) scores_f16(q[j], k, n, hd, scale, out[j]);
 }
 
+#include "base/softmax_exp.h"
+
+float softmax_exp_scalar(float* p, size_t n, float max) {
+  float sum = 0.0f;
+  for (size_t t = 0; t < n; ++t) {
+    p[t] = softmax_exp::exp<softmax_exp::Scalar>(p[t] - max);
+    sum += p[t];
+  }
+  return sum;
+}
+
 void quantize_q8_0_scalar(const float* x, void* out, size_t n) {
   quantize_row(DType::Q8_0, x, out, n);
 }
@@ -132,6 +143,7 @@ const KernelTable& scalar_kernels() {
       accumulate_f16,
       quantize_q8_0_scalar,
       to_f16_scalar,
+      softmax_exp_scalar,
   };
   return table;
 }

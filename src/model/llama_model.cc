@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/kernels.h"
 #include "base/kv_attention.h"
 
 namespace kvc::model {
@@ -283,12 +284,7 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
             std::fill(p + begin, p + first, 0.0f);
             float max = p[first];
             for (size_t t = first + 1; t < end; ++t) max = std::max(max, p[t]);
-            float sum = 0.0f;
-            for (size_t t = first; t < end; ++t) {
-              p[t] = std::exp(p[t] - max);
-              sum += p[t];
-            }
-            sums[j] = sum;
+            sums[j] = kernels::softmax_exp(p + first, end - first, max);
             std::fill_n(s.attn.data() + q_of(j), hd, 0.0f);
           }
           for (size_t t0 = first_block; t0 < longest; t0 += bt) {

@@ -97,6 +97,41 @@ TEST(Kernels, RowConversionsAreQuantizeRowsBytesOnEveryIsa) {
   }
 }
 
+// Softmax's exponential: within 2 ulp of exp in double over the range softmax uses, 0 below
+// exp(-87), and the same bits on every instruction set whatever lane or tail an element takes.
+TEST(Kernels, SoftmaxExpIsAccurateAndTheSameOnEveryIsa) {
+  IsaGuard guard;
+  std::vector<float> x;
+  for (int i = 0; i <= 20000; ++i) x.push_back(-87.0f * i / 20000.0f);
+  for (float v : {-0.0f, -1e-30f, -1e-7f, -0.3465736f, -0.3465737f, -86.99f, -87.01f, -100.0f,
+                  -1e30f, -INFINITY}) {
+    x.push_back(v);
+  }
+  std::vector<std::vector<float>> results;
+  for (Isa isa : supported_isas()) {
+    kernels::set_isa(isa);
+    for (size_t n : {x.size(), size_t{1}, size_t{7}, size_t{13}, size_t{31}}) {
+      std::vector<float> p(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(n));
+      for (float& v : p) v += 2.5f;
+      const float sum = kernels::softmax_exp(p.data(), n, 2.5f);
+      double want_sum = 0.0;
+      for (size_t t = 0; t < n; ++t) {
+        const float arg = (x[t] + 2.5f) - 2.5f;
+        const double want = arg < -87.0f ? 0.0 : std::exp(static_cast<double>(arg));
+        ASSERT_NEAR(p[t], want, want * 2.5e-7) << kernels::isa_name(isa) << " exp(" << arg << ")";
+        want_sum += p[t];
+      }
+      EXPECT_NEAR(sum, want_sum, want_sum * n * 1.2e-7) << kernels::isa_name(isa) << " n=" << n;
+      if (n == x.size()) results.push_back(p);
+    }
+  }
+  for (const auto& r : results) {
+    for (size_t t = 0; t < r.size(); ++t) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(r[t]), std::bit_cast<uint32_t>(results[0][t])) << t;
+    }
+  }
+}
+
 TEST(Kernels, SimdAgreesWithScalarOnF16AttentionKernels) {
   IsaGuard guard;
   for (Isa isa : supported_isas()) {
