@@ -33,6 +33,61 @@ void accumulate_f16_panels(const float* p, const uint16_t* v, size_t n, size_t h
   }
 }
 
+// accumulate_f16 for G queries over the same rows, panel of kPanel vectors starting at c0: each
+// row's conversion serves them all while their outputs stay in registers.
+template <class Lanes, int kPanel, int G>
+void accumulate_f16_group(const float* const* p, const uint16_t* v, size_t n, size_t hd, size_t c0,
+                          float* const* out) {
+  constexpr size_t kWidth = Lanes::kWidth;
+  typename Lanes::Vec o[G][kPanel];
+  for (int j = 0; j < G; ++j)
+    for (int c = 0; c < kPanel; ++c) o[j][c] = Lanes::load(out[j] + c0 + kWidth * c);
+  for (size_t t = 0; t < n; ++t) {
+    const uint16_t* row = v + t * hd + c0;
+    typename Lanes::Vec x[kPanel];
+    for (int c = 0; c < kPanel; ++c) x[c] = Lanes::load_f16(row + kWidth * c);
+    for (int j = 0; j < G; ++j) {
+      const typename Lanes::Vec a = Lanes::set1(p[j][t]);
+      for (int c = 0; c < kPanel; ++c) o[j][c] = Lanes::fma(a, x[c], o[j][c]);
+    }
+  }
+  for (int j = 0; j < G; ++j)
+    for (int c = 0; c < kPanel; ++c) Lanes::store(out[j] + c0 + kWidth * c, o[j][c]);
+}
+
+// The last rest < G queries as one group of that many.
+template <class Lanes, int kPanel, int G>
+void accumulate_f16_rest(size_t rest, const float* const* p, const uint16_t* v, size_t n, size_t hd,
+                         size_t c0, float* const* out) {
+  if constexpr (G > 1) {
+    if (rest == G - 1) {
+      accumulate_f16_group<Lanes, kPanel, G - 1>(p, v, n, hd, c0, out);
+    } else {
+      accumulate_f16_rest<Lanes, kPanel, G - 1>(rest, p, v, n, hd, c0, out);
+    }
+  }
+}
+
+// accumulate_f16 for nq queries p[j] into out[j] over the same n rows, kGroup queries at a
+// time: every lane of every out[j] takes the same fused multiply-adds in row order as
+// accumulate_f16_panels alone, so the same bits, with each row converted once per group.
+template <class Lanes, int kPanel, int kGroup>
+void accumulate_f16_queries(const float* const* p, size_t nq, const uint16_t* v, size_t n,
+                            size_t hd, float* const* out) {
+  constexpr size_t kStep = kPanel * Lanes::kWidth;
+  if (hd % kStep != 0) {
+    for (size_t j = 0; j < nq; ++j) accumulate_f16_panels<Lanes>(p[j], v, n, hd, out[j]);
+    return;
+  }
+  for (size_t c0 = 0; c0 < hd; c0 += kStep) {
+    size_t j = 0;
+    for (; j + kGroup <= nq; j += kGroup) {
+      accumulate_f16_group<Lanes, kPanel, kGroup>(p + j, v, n, hd, c0, out + j);
+    }
+    accumulate_f16_rest<Lanes, kPanel, kGroup>(nq - j, p + j, v, n, hd, c0, out + j);
+  }
+}
+
 // Scores of eight keys at a time, their horizontal sums reduced together: the bits of one dot
 // per key (the vector lanes, their sum, then the scalar tail, then the scale).
 template <class Lanes>

@@ -26,6 +26,9 @@ struct KernelTable {
                              size_t hd, float scale, float* const* out);
   void (*accumulate_f32)(const float* p, const float* v, size_t n, size_t hd, float* out);
   void (*accumulate_f16)(const float* p, const uint16_t* v, size_t n, size_t hd, float* out);
+  // accumulate_f16 for nq weight rows p[j] into out[j] (each out[j] as accumulate_f16 alone).
+  void (*accumulate_f16_queries)(const float* const* p, size_t nq, const uint16_t* v, size_t n,
+                                 size_t hd, float* const* out);
   // quantize_row to q8_0 and to f16: the same bytes as its scalar code.
   void (*quantize_q8_0)(const float* x, void* out, size_t n);
   void (*to_f16)(const float* x, uint16_t* out, size_t n);

@@ -232,6 +232,15 @@ void attention_scores_queries(DType kv, const float* const* q, size_t nq, const 
   }
 }
 
+void attention_accumulate_queries(DType kv, const float* const* p, size_t nq, const void* v,
+                                  size_t n, size_t hd, float* const* out) {
+  if (kv == DType::F16) {
+    table().accumulate_f16_queries(p, nq, static_cast<const uint16_t*>(v), n, hd, out);
+  } else {
+    for (size_t j = 0; j < nq; ++j) attention_accumulate(kv, p[j], v, n, hd, out[j]);
+  }
+}
+
 void attention_accumulate(DType kv, const float* p, const void* v, size_t n, size_t hd,
                           float* out) {
   if (kv == DType::F16) {

@@ -73,5 +73,9 @@ void attention_scores_queries(DType kv, const float* const* q, size_t nq, const 
                               size_t hd, float scale, float* const* out);
 // out += p[t] * v_t for t = 0..n-1 in order, for n value rows v_t = v + t * hd of type kv.
 void attention_accumulate(DType kv, const float* p, const void* v, size_t n, size_t hd, float* out);
+// attention_accumulate for nq weight rows p[j] into out[j] over the same value rows, each row
+// read once for several of them; every out[j] has the same bits as attention_accumulate alone.
+void attention_accumulate_queries(DType kv, const float* const* p, size_t nq, const void* v,
+                                  size_t n, size_t hd, float* const* out);
 
 }  // namespace kvc::kernels

@@ -342,6 +342,7 @@ const KernelTable* avx2_kernels() {
       scores_f16_queries,
       accumulate_f32,
       accumulate_f16_panels<Lanes>,
+      accumulate_f16_queries<Lanes, 2, 6>,
       quantize_q8_0_avx2,
       to_f16_avx2,
       softmax_exp_avx2,

@@ -107,6 +107,11 @@ void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, siz
 
 #include "base/softmax_exp.h"
 
+void accumulate_f16_queries(const float* const* p, size_t nq, const uint16_t* v, size_t n,
+                            size_t hd, float* const* out) {
+  for (size_t j = 0; j < nq; ++j) accumulate_f16(p[j], v, n, hd, out[j]);
+}
+
 float softmax_exp_scalar(float* p, size_t n, float max) {
   float sum = 0.0f;
   for (size_t t = 0; t < n; ++t) {
@@ -141,6 +146,7 @@ const KernelTable& scalar_kernels() {
       scores_f16_queries,
       accumulate_f32,
       accumulate_f16,
+      accumulate_f16_queries,
       quantize_q8_0_scalar,
       to_f16_scalar,
       softmax_exp_scalar,

@@ -52,6 +52,15 @@ void kv_scores_queries(const KvRows& k, const float* const* q, size_t nq, size_t
   for (size_t j = 0; j < nq; ++j) kv_scores(k, q[j], n, hd, scale, out[j]);
 }
 
+void kv_accumulate_queries(const KvRows& v, const float* const* p, size_t nq, size_t n, size_t hd,
+                           float* const* out) {
+  if (v.dtype == DType::F32 || v.dtype == DType::F16) {
+    attention_accumulate_queries(v.dtype, p, nq, v.base, n, hd, out);
+    return;
+  }
+  for (size_t j = 0; j < nq; ++j) kv_accumulate(v, p[j], n, hd, out[j]);
+}
+
 void kv_accumulate(const KvRows& v, const float* p, size_t n, size_t hd, float* out) {
   switch (v.dtype) {
     case DType::F32:

@@ -34,5 +34,9 @@ void kv_scores_queries(const KvRows& k, const float* const* q, size_t nq, size_t
                        float scale, float* const* out);
 // out += p[t] * v_t for t = 0..n-1 in order, over the n rows of v.
 void kv_accumulate(const KvRows& v, const float* p, size_t n, size_t hd, float* out);
+// kv_accumulate for nq weight rows p[j] into out[j] over the same n rows of v, reading each row
+// once for several of them where a kernel can; every out[j] has the bits of kv_accumulate alone.
+void kv_accumulate_queries(const KvRows& v, const float* const* p, size_t nq, size_t n, size_t hd,
+                           float* const* out);
 
 }  // namespace kvc::kernels

@@ -220,7 +220,7 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
       [&](size_t begin, size_t end) {
         std::vector<float> scores, sums;
         std::vector<size_t> n_pos, first_key;
-        std::vector<const float*> q_ptrs;
+        std::vector<const float*> q_ptrs, p_ptrs;
         std::vector<float*> out_ptrs;
         for (size_t task = begin; task < end; ++task) {
           // Heads outermost: a thread's share of the tasks is whole heads, each over every
@@ -291,12 +291,22 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
             const uint8_t* block = pool.data(table.block_of(t0));
             const kernels::KvRows values{g.v_dtype, block + v_run.offset, v_run.stride,
                                          v_run.first};
+            // As with the keys: the queries that weigh the whole block share each row's read.
+            p_ptrs.clear();
+            out_ptrs.clear();
             for (size_t j = 0; j < queries; ++j) {
               if (!sees_block(j, t0)) continue;
               const size_t n = std::min<size_t>(bt, n_pos[j] - t0);
-              kernels::kv_accumulate(values, scores.data() + j * longest + t0, n, hd,
-                                     s.attn.data() + q_of(j));
+              if (n == static_cast<size_t>(bt)) {
+                p_ptrs.push_back(scores.data() + j * longest + t0);
+                out_ptrs.push_back(s.attn.data() + q_of(j));
+              } else {
+                kernels::kv_accumulate(values, scores.data() + j * longest + t0, n, hd,
+                                       s.attn.data() + q_of(j));
+              }
             }
+            kernels::kv_accumulate_queries(values, p_ptrs.data(), p_ptrs.size(), bt, hd,
+                                           out_ptrs.data());
           }
           for (size_t j = 0; j < queries; ++j) {
             float* out = s.attn.data() + q_of(j);

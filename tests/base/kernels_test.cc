@@ -200,6 +200,43 @@ TEST(Kernels, ScoresOfManyQueriesAreTheBitsOfEachAlone) {
   }
 }
 
+// The weighted sums of several queries over the same value rows, each row read once for a group
+// of them, have the bits of each query's own sum: group sizes from 1 to past a full group, head
+// sizes that do and do not fill the vector panels.
+TEST(Kernels, AccumulateOfManyQueriesIsTheBitsOfEachAlone) {
+  IsaGuard guard;
+  for (Isa isa : supported_isas()) {
+    kernels::set_isa(isa);
+    for (size_t hd : {8u, 24u, 64u, 80u, 128u, 131u}) {
+      for (DType kv : {DType::F16, DType::F32}) {
+        const size_t rows = 16;
+        const auto vf = random_floats(rows * hd, 9);
+        std::vector<uint8_t> v(row_bytes(kv, rows * hd));
+        quantize_row(kv, vf.data(), v.data(), rows * hd);
+        for (size_t nq : {1u, 2u, 5u, 6u, 7u, 13u, 16u}) {
+          const auto p = random_floats(nq * rows, 10 + static_cast<uint32_t>(nq));
+          const auto start = random_floats(nq * hd, 11);
+          std::vector<float> together = start, alone = start;
+          std::vector<const float*> pp;
+          std::vector<float*> op;
+          for (size_t j = 0; j < nq; ++j) {
+            pp.push_back(p.data() + j * rows);
+            op.push_back(together.data() + j * hd);
+            kernels::attention_accumulate(kv, p.data() + j * rows, v.data(), rows, hd,
+                                          alone.data() + j * hd);
+          }
+          kernels::attention_accumulate_queries(kv, pp.data(), nq, v.data(), rows, hd, op.data());
+          for (size_t i = 0; i < together.size(); ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(together[i]), std::bit_cast<uint32_t>(alone[i]))
+                << kernels::isa_name(isa) << " " << dtype_name(kv) << " hd " << hd << " nq " << nq
+                << " at " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 // Attention's kernels keep the bits of the dot and axpy they are defined by, whatever their
 // blocking: each score is dot(k_t, q) * scale, and the weighted sum is one axpy per row in row
 // order, on every instruction set this CPU has.
