@@ -88,6 +88,72 @@ void accumulate_f16_queries(const float* const* p, size_t nq, const uint16_t* v,
   }
 }
 
+// One query's scores for kWidth transposed keys (see scores_f16_transposed); kChunks is hd /
+// kWidth when known at compile time (every loop unrolled, the lanes kept in registers), else 0.
+template <class Lanes, size_t kChunks>
+void scores_of_transposed_keys(const float* qj, const float* kt, size_t chunks, float scale,
+                               float* out) {
+  constexpr size_t kWidth = Lanes::kWidth;
+  const size_t n_chunks = kChunks > 0 ? kChunks : chunks;
+  typename Lanes::Vec s[kWidth];
+#pragma GCC unroll 16
+  for (size_t l = 0; l < kWidth; ++l) {
+    typename Lanes::Vec a0 = Lanes::set1(0.0f), a1 = Lanes::set1(0.0f);
+    size_t c = 0;
+#pragma GCC unroll 16
+    for (; c + 2 <= n_chunks; c += 2) {
+      const size_t d = c * kWidth + l;
+      a0 = Lanes::fma(Lanes::load(kt + d * kWidth), Lanes::set1(qj[d]), a0);
+      a1 = Lanes::fma(Lanes::load(kt + (d + kWidth) * kWidth), Lanes::set1(qj[d + kWidth]), a1);
+    }
+    if (c < n_chunks) {
+      const size_t d = c * kWidth + l;
+      a0 = Lanes::fma(Lanes::load(kt + d * kWidth), Lanes::set1(qj[d]), a0);
+    }
+    s[l] = Lanes::add(a0, a1);
+  }
+#pragma GCC unroll 8
+  for (size_t half = kWidth / 2; half >= 1; half /= 2) {
+#pragma GCC unroll 8
+    for (size_t l = 0; l < half; ++l) s[l] = Lanes::add(s[l], s[l + half]);
+  }
+  Lanes::store(out, Lanes::mul(s[0], Lanes::set1(scale)));
+}
+
+// Scores of nq queries against the same n keys, kWidth keys to a vector, for hd a multiple of
+// kWidth up to 256. Each kWidth keys are converted and transposed once for all the queries, then
+// each query's scores are built with its single-row dot's arithmetic: lane l of that dot sums
+// with fused multiply-adds, in order, the products at d = l (mod kWidth) of the even and of the
+// odd kWidth-chunks in two accumulators, adds the two, and the horizontal sum folds halves
+// (lane l + lane l + kWidth/2, then a quarter, ...). Here each lane's value is a vector over the
+// keys, so every fold is a vertical addition and no horizontal sum is left: the same bits as
+// attention_scores, each key row converted once per call instead of once per query.
+template <class Lanes>
+void scores_f16_transposed(const float* const* q, size_t nq, const uint16_t* k, size_t n, size_t hd,
+                           float scale, float* const* out) {
+  constexpr size_t kWidth = Lanes::kWidth;
+  alignas(64) float kt[256 * kWidth];  // kt[d * kWidth + t]: key t's value d
+  const size_t chunks = hd / kWidth;
+  size_t t0 = 0;
+  for (; t0 + kWidth <= n; t0 += kWidth) {
+    for (size_t d0 = 0; d0 < hd; d0 += kWidth) {
+      Lanes::transpose_f16(k + t0 * hd + d0, hd, kt + d0 * kWidth);
+    }
+    for (size_t j = 0; j < nq; ++j) {
+      if (chunks == 4) {
+        scores_of_transposed_keys<Lanes, 4>(q[j], kt, chunks, scale, out[j] + t0);
+      } else if (chunks == 8) {
+        scores_of_transposed_keys<Lanes, 8>(q[j], kt, chunks, scale, out[j] + t0);
+      } else {
+        scores_of_transposed_keys<Lanes, 0>(q[j], kt, chunks, scale, out[j] + t0);
+      }
+    }
+  }
+  if (t0 < n) {
+    for (size_t j = 0; j < nq; ++j) scores_f16(q[j], k + t0 * hd, n - t0, hd, scale, out[j] + t0);
+  }
+}
+
 // Scores of eight keys at a time, their horizontal sums reduced together: the bits of one dot
 // per key (the vector lanes, their sum, then the scalar tail, then the scale).
 template <class Lanes>

@@ -32,8 +32,9 @@ struct KernelTable {
   // quantize_row to q8_0 and to f16: the same bytes as its scalar code.
   void (*quantize_q8_0)(const float* x, void* out, size_t n);
   void (*to_f16)(const float* x, uint16_t* out, size_t n);
-  // p[t] = exp(p[t] - max) for t < n (softmax_exp.h's exponential); returns their sum.
-  float (*softmax_exp)(float* p, size_t n, float max);
+  // p[t] = exp(p[t] - max) for t < n, max the largest p[t] (softmax_exp.h's exponential);
+  // returns their sum.
+  float (*softmax_exp)(float* p, size_t n);
 };
 
 // The AVX2 + F16C row conversions, which the AVX-512 table shares (they are bound by memory).

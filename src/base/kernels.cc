@@ -134,8 +134,8 @@ void prepare_activations(DType w, const float* x, void* out, size_t n) {
   quantize(activation_type(w), x, out, n);
 }
 
-float softmax_exp(float* p, size_t n, float max) {
-  return table().softmax_exp(p, n, max);
+float softmax_exp(float* p, size_t n) {
+  return table().softmax_exp(p, n);
 }
 
 void quantize(DType t, const float* x, void* out, size_t n) {

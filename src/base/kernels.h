@@ -31,10 +31,10 @@ DType activation_type(DType w);
 size_t activation_row_bytes(DType w, size_t n);
 // Converts n f32 activations into activation_type(w), written to out.
 void prepare_activations(DType w, const float* x, void* out, size_t n);
-// p[t] = exp(p[t] - max) for t < n, each exponential within 2 ulp and with the same bits on
-// every instruction set (0 below exp(-87)); returns their sum, in an order that depends on n
-// only.
-float softmax_exp(float* p, size_t n, float max);
+// p[t] = exp(p[t] - max) for t < n, max the largest p[t] (n > 0), each exponential within 2 ulp
+// and with the same bits on every instruction set (0 below exp(-87)); returns their sum, in an
+// order that depends on n only.
+float softmax_exp(float* p, size_t n);
 // quantize_row(t, x, out, n) through the active instruction set where it has a kernel for t
 // (f16, q8_0): the same bytes on every instruction set.
 void quantize(DType t, const float* x, void* out, size_t n);

@@ -234,11 +234,52 @@ struct Lanes {
     return dot_f16_f32_lanes(a, b, n, tail);
   }
   static void hsum8(const Vec v[8], float out[8]) { hsum256x8(v, out); }
+  static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+  static Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+  // kt[d * 8 + t] = row t's value d, for 8 rows of 8 f16 values (row t at k + t * stride).
+  static void transpose_f16(const uint16_t* k, size_t stride, float* kt) {
+    Vec r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = load_f16(k + i * stride);
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // r[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c.
+    for (int i = 0; i < 2; ++i) {
+      r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int c = 0; c < 4; ++c) {
+      _mm256_store_ps(kt + c * 8, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
+      _mm256_store_ps(kt + (4 + c) * 8, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
+    }
+  }
 };
 
 #include "base/attention_lanes.h"
 
+// From four queries on, the keys transposed once for all of them (no horizontal sums left);
+// fewer take the register tiles of scores_f16_queries.
+void scores_f16_queries_transposed(const float* const* q, size_t nq, const uint16_t* k, size_t n,
+                                   size_t hd, float scale, float* const* out) {
+  if (nq >= 4 && hd % 8 == 0 && hd <= 256) {
+    scores_f16_transposed<Lanes>(q, nq, k, n, hd, scale, out);
+    return;
+  }
+  scores_f16_queries(q, nq, k, n, hd, scale, out);
+}
+
 #include "base/softmax_exp.h"
+
+// The largest of the 8 lanes (exact in any order).
+inline float hmax256(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
 
 struct ExpLanes {
   using Vec = __m256;
@@ -261,7 +302,12 @@ struct ExpLanes {
 };
 
 // Eight lanes of sums, then the last n % 8 elements one by one.
-float softmax_exp_avx2(float* p, size_t n, float max) {
+float softmax_exp_avx2(float* p, size_t n) {
+  __m256 top = _mm256_set1_ps(p[0]);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) top = _mm256_max_ps(_mm256_loadu_ps(p + i), top);
+  float max = hmax256(top);
+  for (; i < n; ++i) max = std::max(max, p[i]);
   __m256 acc = _mm256_setzero_ps();
   const __m256 m = _mm256_set1_ps(max);
   size_t t = 0;
@@ -339,7 +385,7 @@ const KernelTable* avx2_kernels() {
       axpy_f16_avx2,
       scores_f32,
       scores_f16_by_eight<Lanes>,
-      scores_f16_queries,
+      scores_f16_queries_transposed,
       accumulate_f32,
       accumulate_f16_panels<Lanes>,
       accumulate_f16_queries<Lanes, 2, 6>,

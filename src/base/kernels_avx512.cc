@@ -243,6 +243,34 @@ struct Lanes {
     return dot_f16_f32_lanes(a, b, n);  // no scalar tail: masked lanes take the rest
   }
   static void hsum8(const Vec v[8], float out[8]) { hsum512x8(v, out); }
+  static Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+  static Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+  // kt[d * 16 + t] = row t's value d, for 16 rows of 16 f16 values (row t at k + t * stride).
+  static void transpose_f16(const uint16_t* k, size_t stride, float* kt) {
+    Vec r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = load_f16(k + i * stride);
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // r[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c.
+    for (int i = 0; i < 4; ++i) {
+      r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int c = 0; c < 4; ++c) {
+      const Vec even_a = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+      const Vec even_b = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+      const Vec odd_a = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
+      const Vec odd_b = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
+      _mm512_store_ps(kt + c * 16, _mm512_shuffle_f32x4(even_a, even_b, 0x88));
+      _mm512_store_ps(kt + (8 + c) * 16, _mm512_shuffle_f32x4(even_a, even_b, 0xdd));
+      _mm512_store_ps(kt + (4 + c) * 16, _mm512_shuffle_f32x4(odd_a, odd_b, 0x88));
+      _mm512_store_ps(kt + (12 + c) * 16, _mm512_shuffle_f32x4(odd_a, odd_b, 0xdd));
+    }
+  }
 };
 
 #include "base/attention_lanes.h"
@@ -271,7 +299,16 @@ struct ExpLanes {
 };
 
 // Sixteen lanes of sums, the last n % 16 elements in masked lanes.
-float softmax_exp_avx512(float* p, size_t n, float max) {
+float softmax_exp_avx512(float* p, size_t n) {
+  __m512 top = _mm512_set1_ps(p[0]);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) top = _mm512_max_ps(_mm512_loadu_ps(p + i), top);
+  if (i < n) {
+    top = _mm512_mask_max_ps(
+        top, static_cast<__mmask16>((1u << (n - i)) - 1),
+        _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << (n - i)) - 1), p + i), top);
+  }
+  const float max = _mm512_reduce_max_ps(top);
   __m512 acc = _mm512_setzero_ps();
   const __m512 m = _mm512_set1_ps(max);
   size_t t = 0;
@@ -290,10 +327,15 @@ float softmax_exp_avx512(float* p, size_t n, float max) {
   return hsum512(acc);
 }
 
-// Several queries against the same keys: each query eight keys at a time (on AVX-512 the
-// shared horizontal sums gain more than sharing each key row's conversion across queries).
+// Several queries against the same keys: from four queries on, the keys transposed once for
+// all of them; fewer queries take eight keys at a time each (the shared horizontal sums gain
+// more than sharing each key row's conversion).
 void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, size_t n, size_t hd,
                         float scale, float* const* out) {
+  if (nq >= 4 && hd % 16 == 0 && hd <= 256) {
+    scores_f16_transposed<Lanes>(q, nq, k, n, hd, scale, out);
+    return;
+  }
   for (size_t j = 0; j < nq; ++j) scores_f16_by_eight<Lanes>(q[j], k, n, hd, scale, out[j]);
 }
 

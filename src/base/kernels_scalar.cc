@@ -1,5 +1,7 @@
 // Plain C++ kernels: the fallback on any CPU and the reference the SIMD kernels are tested
 // against.
+#include <algorithm>
+
 #include "base/dtype.h"
 #include "base/kernel_table.h"
 #include "base/quant_blocks.h"
@@ -112,7 +114,9 @@ void accumulate_f16_queries(const float* const* p, size_t nq, const uint16_t* v,
   for (size_t j = 0; j < nq; ++j) accumulate_f16(p[j], v, n, hd, out[j]);
 }
 
-float softmax_exp_scalar(float* p, size_t n, float max) {
+float softmax_exp_scalar(float* p, size_t n) {
+  float max = p[0];
+  for (size_t t = 1; t < n; ++t) max = std::max(max, p[t]);
   float sum = 0.0f;
   for (size_t t = 0; t < n; ++t) {
     p[t] = softmax_exp::exp<softmax_exp::Scalar>(p[t] - max);

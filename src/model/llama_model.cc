@@ -282,9 +282,7 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
             const size_t begin = first_key[j] / bt * bt, first = first_key[j], end = n_pos[j];
             if (c.attn_softcap > 0.0f) soft_cap(p + first, end - first, c.attn_softcap);
             std::fill(p + begin, p + first, 0.0f);
-            float max = p[first];
-            for (size_t t = first + 1; t < end; ++t) max = std::max(max, p[t]);
-            sums[j] = kernels::softmax_exp(p + first, end - first, max);
+            sums[j] = kernels::softmax_exp(p + first, end - first);
             std::fill_n(s.attn.data() + q_of(j), hd, 0.0f);
           }
           for (size_t t0 = first_block; t0 < longest; t0 += bt) {
