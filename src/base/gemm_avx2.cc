@@ -141,61 +141,11 @@ inline __m256 scale(const uint16_t* d) {
 // Integer weights against q8_0 activations, one block per register, as dot_w_q8_0 and
 // dot_w_q4_0 in kernels_avx2.cc: maddubs takes |w| unsigned and x with w's sign, and madd
 // widens the pairs to int32 (exact: no pair sum exceeds 2 * 128 * 127).
-// What the tile needs of a weight block: its 32 values, their magnitudes and its scale as 8
-// floats.
-struct WeightBlock {
-  __m256i values;
-  __m256i magnitudes;
-  __m256 scales;
-};
-
-// Blocks made from the GGUF blocks themselves, for each tile that reads them.
 template <class W>
-struct GgufBlocks {
-  static WeightBlock block(const uint8_t* row, size_t i) {
-    const auto& b = reinterpret_cast<const typename W::Block*>(row)[i];
-    const __m256i values = W::values(b);
-    return {values, _mm256_sign_epi8(values, values), scale(&b.d)};
-  }
-};
-
-// A WeightBlock as stored in an expanded weight row.
-struct StoredBlock {
-  int8_t values[32];
-  int8_t magnitudes[32];
-  float scales[8];
-};
-
-// Blocks read back from weight rows that IntTile::expand wrote.
-struct StoredBlocks {
-  static WeightBlock block(const uint8_t* row, size_t i) {
-    const StoredBlock& s = reinterpret_cast<const StoredBlock*>(row)[i];
-    return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.values)),
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.magnitudes)),
-            _mm256_loadu_ps(s.scales)};
-  }
-};
-
-template <class W, class Source = GgufBlocks<W>>
 struct IntTile {
   static constexpr int kRows = 4;
   static constexpr int kCols = 2;
-  using Expanded = IntTile<W, StoredBlocks>;
-
-  // Any row expands into StoredBlocks (3 bytes per weight).
-  static bool expands(size_t) { return true; }
-  static size_t expanded_stride(size_t n) { return n / 32 * sizeof(StoredBlock); }
-  static void expand(const uint8_t* w, size_t ws, size_t rows, size_t n, uint8_t* out) {
-    for (size_t c = 0; c < rows; ++c) {
-      auto* s = reinterpret_cast<StoredBlock*>(out + c * expanded_stride(n));
-      for (size_t i = 0; i < n / 32; ++i) {
-        const WeightBlock wb = GgufBlocks<W>::block(w + c * ws, i);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(s[i].values), wb.values);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(s[i].magnitudes), wb.magnitudes);
-        _mm256_storeu_ps(s[i].scales, wb.scales);
-      }
-    }
-  }
+  using WBlock = typename W::Block;
 
   // A prepared activation block: its 32 values and its scale as 8 floats.
   struct BlockX {
@@ -223,7 +173,9 @@ struct IntTile {
   template <int MR, int NR>
   static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
                    size_t ys) {
+    const WBlock* a[NR];
     const BlockX* b[MR];
+    for (int j = 0; j < NR; ++j) a[j] = row_at<WBlock>(w, ws, j);
     for (int r = 0; r < MR; ++r) b[r] = row_at<BlockX>(x, xs, r);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[MR][NR];
@@ -234,10 +186,9 @@ struct IntTile {
       __m256 dw[NR];
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
-        const WeightBlock wb = Source::block(w + j * ws, i);
-        wq[j] = wb.values;
-        wabs[j] = wb.magnitudes;
-        dw[j] = wb.scales;
+        wq[j] = W::values(a[j][i]);
+        wabs[j] = _mm256_sign_epi8(wq[j], wq[j]);
+        dw[j] = scale(&a[j][i].d);
       }
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {

@@ -207,66 +207,11 @@ inline __m512 scale_pair(const uint16_t* lo, const uint16_t* hi) {
 // kernel moves w's sign onto x, which costs an operation per (row, column) pair. Here x is
 // offset to x + 128 (unsigned) once per row and -128 * sum(w) is subtracted through dpbusd's
 // accumulator input, once per weight row: both give the same exact int32 sums.
-// What the tile needs of a pair of weight blocks: their 64 values, -128 times the sum of each
-// group of four (dpbusd's accumulator, undoing x's offset) and their scales as 16 floats.
-struct WeightPair {
-  __m512i values;
-  __m512i corr;
-  __m512 scales;
-};
-
-// Pairs made from the GGUF blocks themselves, for each tile that reads them.
 template <class W>
-struct BlockPairs {
-  static constexpr bool kExpanded = false;
-  static WeightPair pair(const uint8_t* row, size_t p) {
-    const auto* b = reinterpret_cast<const typename W::Block*>(row);
-    const __m512i values = join(W::values(b[2 * p]), W::values(b[2 * p + 1]));
-    const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
-    return {values,
-            _mm512_sub_epi32(_mm512_setzero_si512(),
-                             _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, values)),
-            scale_pair(&b[2 * p].d, &b[2 * p + 1].d)};
-  }
-};
-
-// A WeightPair as stored in an expanded weight row.
-struct StoredPair {
-  int8_t values[64];
-  int32_t corr[16];
-  float scales[16];
-};
-
-// Pairs read back from weight rows that IntTile::expand wrote.
-struct StoredPairs {
-  static constexpr bool kExpanded = true;
-  static WeightPair pair(const uint8_t* row, size_t p) {
-    const StoredPair& s = reinterpret_cast<const StoredPair*>(row)[p];
-    return {_mm512_loadu_si512(s.values), _mm512_loadu_si512(s.corr), _mm512_loadu_ps(s.scales)};
-  }
-};
-
-template <class W, class Source = BlockPairs<W>>
 struct IntTile {
   static constexpr int kRows = 4;
   static constexpr int kCols = 4;
   using WBlock = typename W::Block;
-  using Expanded = IntTile<W, StoredPairs>;
-
-  // Rows of an even number of blocks expand into StoredPairs (3 bytes per weight).
-  static bool expands(size_t n) { return n % 64 == 0; }
-  static size_t expanded_stride(size_t n) { return n / 64 * sizeof(StoredPair); }
-  static void expand(const uint8_t* w, size_t ws, size_t rows, size_t n, uint8_t* out) {
-    for (size_t c = 0; c < rows; ++c) {
-      auto* s = reinterpret_cast<StoredPair*>(out + c * expanded_stride(n));
-      for (size_t p = 0; p < n / 64; ++p) {
-        const WeightPair wp = BlockPairs<W>::pair(w + c * ws, p);
-        _mm512_storeu_si512(s[p].values, wp.values);
-        _mm512_storeu_si512(s[p].corr, wp.corr);
-        _mm512_storeu_ps(s[p].scales, wp.scales);
-      }
-    }
-  }
 
   // A prepared activation row: per pair of blocks, their 64 values + 128 and their two scales
   // as 16 floats (lanes 0-7 the first block's, 8-15 the second's); then an odd last block as
@@ -300,9 +245,12 @@ struct IntTile {
   template <int MR, int NR>
   static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
                    size_t ys) {
+    const WBlock* a[NR];
     const PairX* b[MR];
+    for (int j = 0; j < NR; ++j) a[j] = row_at<WBlock>(w, ws, j);
     for (int r = 0; r < MR; ++r) b[r] = row_at<PairX>(x, xs, r);
     const size_t blocks = n / 32;
+    const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
     __m512 acc[MR][NR];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_setzero_ps();
@@ -312,10 +260,10 @@ struct IntTile {
       __m512 dw[NR];
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
-        const WeightPair wp = Source::pair(w + j * ws, i / 2);
-        wq[j] = wp.values;
-        corr[j] = wp.corr;
-        dw[j] = wp.scales;
+        wq[j] = join(W::values(a[j][i]), W::values(a[j][i + 1]));
+        corr[j] = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                   _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, wq[j]));
+        dw[j] = scale_pair(&a[j][i].d, &a[j][i + 1].d);
       }
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
@@ -333,14 +281,13 @@ struct IntTile {
       const auto& last = *reinterpret_cast<const BlockQ8_0*>(b[r] + blocks / 2);
       for (int j = 0; j < NR; ++j) {
         float sum = hsum512(acc[r][j]);
-        if (!Source::kExpanded && i < blocks) {
-          const WBlock* a = row_at<WBlock>(w, ws, j);
-          const __m256i wv = W::values(a[i]);
+        if (i < blocks) {
+          const __m256i wv = W::values(a[j][i]);
           const __m256i offset8 = _mm256_set1_epi8(static_cast<char>(0x80));
           const __m256i corr8 = _mm256_sub_epi32(
               _mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), offset8, wv));
           const __m256i xu = _mm256_xor_si256(load256(last.qs), offset8);
-          const __m256 d = _mm256_set1_ps(half(a[i].d) * half(last.d));
+          const __m256 d = _mm256_set1_ps(half(a[j][i].d) * half(last.d));
           sum += hsum256(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(corr8, xu, wv))));
         }
         y[r * ys + j] = sum;

@@ -6,9 +6,8 @@
 
 namespace kvc::kernels {
 
-uint8_t* gemm_scratch(size_t bytes, int slot) {
-  thread_local std::vector<uint8_t> buffers[2];
-  std::vector<uint8_t>& buffer = buffers[slot];
+uint8_t* gemm_scratch(size_t bytes) {
+  thread_local std::vector<uint8_t> buffer;
   if (buffer.size() < bytes) buffer.resize(bytes);
   return buffer.data();
 }

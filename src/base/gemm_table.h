@@ -18,9 +18,9 @@ struct GemmTable {
   GemmFn gemm[kDTypeCount];
 };
 
-// The calling thread's scratch buffer number slot (0: activation rows, 1: expanded weight
-// rows) of at least `bytes`, kept between calls, where a kernel lays out its operands.
-uint8_t* gemm_scratch(size_t bytes, int slot = 0);
+// The calling thread's scratch buffer of at least `bytes`, kept between calls, where a kernel
+// lays out its activation rows once per call.
+uint8_t* gemm_scratch(size_t bytes);
 
 // Null when the compiler cannot target the instruction set.
 const GemmTable* avx2_gemm();

@@ -49,37 +49,9 @@ void gemm_rest_rows(size_t rows, const uint8_t* w, size_t w_stride, size_t c_beg
   }
 }
 
-// With at least this many activation rows, a kernel that can expand its weight rows (see
-// gemm_tiled) does so once per chunk instead of unpacking every weight block once per tile.
-constexpr size_t kGemmExpandRows = 16;
-
-// Weight rows whose bytes fit in kGemmChunkBytes, in whole tiles.
-inline size_t gemm_chunk_rows(size_t row_bytes, int cols) {
-  const size_t chunk = kGemmChunkBytes / row_bytes / cols * cols;
-  return chunk < static_cast<size_t>(cols) ? cols : chunk;
-}
-
-// Weight rows c0..c1 against every activation row, tile after tile.
-template <class K>
-void gemm_chunk(const uint8_t* w, size_t w_stride, size_t c0, size_t c1, const uint8_t* x,
-                size_t x_stride, size_t n_x, size_t n, float* y, size_t y_stride) {
-  size_t r = 0;
-  for (; r + K::kRows <= n_x; r += K::kRows) {
-    gemm_tile_row<K, K::kRows>(w, w_stride, c0, c1, x + r * x_stride, x_stride, n, y + r * y_stride,
-                               y_stride, n_x <= kGemmNarrowRows);
-  }
-  gemm_rest_rows<K, K::kRows>(n_x - r, w, w_stride, c0, c1, x + r * x_stride, x_stride, n,
-                              y + r * y_stride, y_stride);
-}
-
 // A kernel may also provide K::prepare(x, x_stride, n_x, n, &stride), which rewrites the
 // activation rows once per call into the layout its tiles read (returning the rows and setting
 // their stride), so that no tile redoes that work for every weight row.
-//
-// And the weight side likewise: K::Expanded, a kernel whose tiles read weight rows that
-// K::expand(w, w_stride, rows, n, out) rewrote with everything unpacked (K::expanded_stride(n)
-// bytes a row, when K::expands(n)). The expanded tiles do the same operations on the same
-// values, so every output keeps its bits; a chunk is expanded once for all activation rows.
 template <class K>
 void gemm_tiled(const void* w, size_t w_stride, size_t n_w, const void* x, size_t x_stride,
                 size_t n_x, size_t n, float* y, size_t y_stride) {
@@ -88,23 +60,16 @@ void gemm_tiled(const void* w, size_t w_stride, size_t n_w, const void* x, size_
   if constexpr (requires { K::prepare(xb, x_stride, n_x, n, &x_stride); }) {
     xb = K::prepare(xb, x_stride, n_x, n, &x_stride);
   }
-  if constexpr (requires { typename K::Expanded; }) {
-    using E = typename K::Expanded;
-    if (n_x >= kGemmExpandRows && K::expands(n)) {
-      const size_t es = K::expanded_stride(n);
-      const size_t chunk = gemm_chunk_rows(es, E::kCols);
-      uint8_t* expanded = gemm_scratch((chunk < n_w ? chunk : n_w) * es, 1);
-      for (size_t c0 = 0; c0 < n_w; c0 += chunk) {
-        const size_t rows = n_w - c0 < chunk ? n_w - c0 : chunk;
-        K::expand(wb + c0 * w_stride, w_stride, rows, n, expanded);
-        gemm_chunk<E>(expanded, es, 0, rows, xb, x_stride, n_x, n, y + c0, y_stride);
-      }
-      return;
-    }
-  }
-  const size_t chunk = gemm_chunk_rows(w_stride, K::kCols);
+  size_t chunk = kGemmChunkBytes / w_stride / K::kCols * K::kCols;
+  if (chunk < static_cast<size_t>(K::kCols)) chunk = K::kCols;
   for (size_t c0 = 0; c0 < n_w; c0 += chunk) {
     const size_t c1 = n_w - c0 < chunk ? n_w : c0 + chunk;
-    gemm_chunk<K>(wb, w_stride, c0, c1, xb, x_stride, n_x, n, y, y_stride);
+    size_t r = 0;
+    for (; r + K::kRows <= n_x; r += K::kRows) {
+      gemm_tile_row<K, K::kRows>(wb, w_stride, c0, c1, xb + r * x_stride, x_stride, n,
+                                 y + r * y_stride, y_stride, n_x <= kGemmNarrowRows);
+    }
+    gemm_rest_rows<K, K::kRows>(n_x - r, wb, w_stride, c0, c1, xb + r * x_stride, x_stride, n,
+                                y + r * y_stride, y_stride);
   }
 }

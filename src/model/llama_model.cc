@@ -177,18 +177,42 @@ struct QueryTile {
   size_t rows = 0;
 };
 
-// Splits rows into tiles of at most max_rows consecutive rows sharing a block table.
+// Splits rows into tiles of at most max_rows consecutive rows that share their first KV block:
+// rows of one sequence, or of sequences that share a cached prefix (cascade attention: each
+// shared block is then read once for all of them).
 std::vector<QueryTile> query_tiles(std::span<const BatchRow> rows, size_t max_rows) {
   std::vector<QueryTile> tiles;
   for (size_t r = 0; r < rows.size(); ++r) {
+    const kv::BlockTable& first = *rows[tiles.empty() ? r : tiles.back().first_row].table;
     if (tiles.empty() || tiles.back().rows == max_rows ||
-        rows[r].table != rows[tiles.back().first_row].table) {
+        (rows[r].table != &first && rows[r].table->blocks().front() != first.blocks().front())) {
       tiles.push_back({r, 0});
     }
     ++tiles.back().rows;
   }
   return tiles;
 }
+
+// The queries of a tile that read one block, grouped by the block they read.
+struct BlockReaders {
+  std::vector<std::pair<kv::BlockId, size_t>> full;  // (block, query) for whole-block readers
+  std::vector<size_t> queries;                       // the queries of the runs, in turn
+
+  // Calls fn(block, first, count) for each run of queries reading the same block, in order of
+  // block id then query; queries[first, first + count) are the run's queries.
+  template <class Fn>
+  void for_each_group(Fn&& fn) {
+    std::sort(full.begin(), full.end());
+    queries.clear();
+    for (const auto& entry : full) queries.push_back(entry.second);
+    for (size_t i = 0; i < full.size();) {
+      size_t e = i;
+      while (e < full.size() && full[e].first == full[i].first) ++e;
+      fn(full[i].first, i, e - i);
+      i = e;
+    }
+  }
+};
 
 }  // namespace
 
@@ -202,9 +226,10 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
   const float scale =
       c.attention_scale > 0.0f ? c.attention_scale : 1.0f / std::sqrt(static_cast<float>(hd));
   const int bt = g.block_tokens;
-  // A task is one KV head of one tile of a sequence's rows: every query of the tile (its rows
-  // times the heads of the GQA group) reads each block of keys and values while it is in the
-  // first-level cache, instead of each query streaming the whole context. Each query's scores,
+  // A task is one KV head of one tile of rows (of one sequence, or of sequences sharing a
+  // prefix): every query of the tile (its rows times the heads of the GQA group) that reads a
+  // block reads it while it is in the first-level cache, instead of each query streaming the
+  // whole context. Each query's scores,
   // softmax and weighted sum still run alone, in block order, through the same kernels, so a
   // row's result does not depend on the tile it falls in.
   constexpr size_t kTileQueries = 16;  // their scores stay within the second-level cache
@@ -222,13 +247,13 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
         std::vector<size_t> n_pos, first_key;
         std::vector<const float*> q_ptrs, p_ptrs;
         std::vector<float*> out_ptrs;
+        BlockReaders readers;
         for (size_t task = begin; task < end; ++task) {
           // Heads outermost: a thread's share of the tasks is whole heads, each over every
           // tile, so causal tiles (later ones attend further) are spread evenly.
           const QueryTile& tile = tiles[task % tiles.size()];
           const int kvh = static_cast<int>(task / tiles.size());
           const size_t queries = tile.rows * static_cast<size_t>(group);
-          const kv::BlockTable& table = *rows[tile.first_row].table;
           // Query j is head kvh * group + j % group of row first_row + j / group.
           const auto q_of = [&](size_t j) {
             const size_t r = tile.first_row + j / group;
@@ -255,26 +280,39 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
           // Keys and values of one (layer, kv head) sit at a fixed stride within each block: score
           // and accumulate a block's run of positions at a time, in position order, reading the
           // stored bytes in place whatever their dtype.
+          // The block of query j's sequence that holds position t0.
+          const auto block_of = [&](size_t j, size_t t0) {
+            return rows[tile.first_row + j / group].table->block_of(t0);
+          };
+          const auto kv_rows = [&](DType dtype, kv::BlockId id, const kv::KvRun& run) {
+            return kernels::KvRows{dtype, pool.data(id) + run.offset, run.stride, run.first};
+          };
           for (size_t t0 = first_block; t0 < longest; t0 += bt) {
-            const uint8_t* block = pool.data(table.block_of(t0));
-            const kernels::KvRows keys{g.k_dtype, block + k_run.offset, k_run.stride, k_run.first};
-            // The queries that see the whole block share each key row's read; those whose
-            // causal limit falls inside it score their own prefix of it.
-            q_ptrs.clear();
-            out_ptrs.clear();
+            // The queries that see a whole block share each key row's read (the queries of
+            // sequences sharing a prefix included); those whose causal limit falls inside it
+            // score their own prefix of it.
+            readers.full.clear();
             for (size_t j = 0; j < queries; ++j) {
               if (!sees_block(j, t0)) continue;
               const size_t n = std::min<size_t>(bt, n_pos[j] - t0);
-              float* out = scores.data() + j * longest + t0;
               if (n == static_cast<size_t>(bt)) {
-                q_ptrs.push_back(s.q.data() + q_of(j));
-                out_ptrs.push_back(out);
+                readers.full.emplace_back(block_of(j, t0), j);
               } else {
-                kernels::kv_scores(keys, s.q.data() + q_of(j), n, hd, scale, out);
+                kernels::kv_scores(kv_rows(g.k_dtype, block_of(j, t0), k_run), s.q.data() + q_of(j),
+                                   n, hd, scale, scores.data() + j * longest + t0);
               }
             }
-            kernels::kv_scores_queries(keys, q_ptrs.data(), q_ptrs.size(), bt, hd, scale,
-                                       out_ptrs.data());
+            readers.for_each_group([&](kv::BlockId id, size_t first, size_t count) {
+              q_ptrs.clear();
+              out_ptrs.clear();
+              for (size_t i = first; i < first + count; ++i) {
+                const size_t j = readers.queries[i];
+                q_ptrs.push_back(s.q.data() + q_of(j));
+                out_ptrs.push_back(scores.data() + j * longest + t0);
+              }
+              kernels::kv_scores_queries(kv_rows(g.k_dtype, id, k_run), q_ptrs.data(),
+                                         q_ptrs.size(), bt, hd, scale, out_ptrs.data());
+            });
           }
           sums.resize(queries);
           for (size_t j = 0; j < queries; ++j) {
@@ -286,25 +324,30 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
             std::fill_n(s.attn.data() + q_of(j), hd, 0.0f);
           }
           for (size_t t0 = first_block; t0 < longest; t0 += bt) {
-            const uint8_t* block = pool.data(table.block_of(t0));
-            const kernels::KvRows values{g.v_dtype, block + v_run.offset, v_run.stride,
-                                         v_run.first};
-            // As with the keys: the queries that weigh the whole block share each row's read.
-            p_ptrs.clear();
-            out_ptrs.clear();
+            // As with the keys: the queries that weigh a whole block share each row's read.
+            readers.full.clear();
             for (size_t j = 0; j < queries; ++j) {
               if (!sees_block(j, t0)) continue;
               const size_t n = std::min<size_t>(bt, n_pos[j] - t0);
               if (n == static_cast<size_t>(bt)) {
-                p_ptrs.push_back(scores.data() + j * longest + t0);
-                out_ptrs.push_back(s.attn.data() + q_of(j));
+                readers.full.emplace_back(block_of(j, t0), j);
               } else {
-                kernels::kv_accumulate(values, scores.data() + j * longest + t0, n, hd,
+                kernels::kv_accumulate(kv_rows(g.v_dtype, block_of(j, t0), v_run),
+                                       scores.data() + j * longest + t0, n, hd,
                                        s.attn.data() + q_of(j));
               }
             }
-            kernels::kv_accumulate_queries(values, p_ptrs.data(), p_ptrs.size(), bt, hd,
-                                           out_ptrs.data());
+            readers.for_each_group([&](kv::BlockId id, size_t first, size_t count) {
+              p_ptrs.clear();
+              out_ptrs.clear();
+              for (size_t i = first; i < first + count; ++i) {
+                const size_t j = readers.queries[i];
+                p_ptrs.push_back(scores.data() + j * longest + t0);
+                out_ptrs.push_back(s.attn.data() + q_of(j));
+              }
+              kernels::kv_accumulate_queries(kv_rows(g.v_dtype, id, v_run), p_ptrs.data(),
+                                             p_ptrs.size(), bt, hd, out_ptrs.data());
+            });
           }
           for (size_t j = 0; j < queries; ++j) {
             float* out = s.attn.data() + q_of(j);

@@ -124,10 +124,9 @@ TEST_P(GemmTest, ChunkedWeightRowsEqualTheSingleRowDot) {
   }
 }
 
-// Prefill-sized calls (16 activation rows or more), where kernels that can expand each chunk of
-// weight rows once for every tile do so: long rows over several chunks, short rows, odd block
-// counts that keep the blocks, with full and partial tiles both ways.
-TEST_P(GemmTest, ExpandedWeightRowsEqualTheSingleRowDot) {
+// Prefill-sized calls (16 activation rows or more): long rows over several weight chunks, short
+// rows, odd and even block counts, with full and partial tiles both ways.
+TEST_P(GemmTest, PrefillSizedCallsEqualTheSingleRowDot) {
   for (DType wt : kWeightTypes) {
     for (const auto& [n, n_w, n_x] :
          {std::tuple<size_t, size_t, size_t>{4096, 70, 18}, {256, 13, 17}, {768, 9, 16}}) {

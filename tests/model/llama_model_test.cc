@@ -244,6 +244,50 @@ TEST_P(EveryIsa, CachedDecodeAndChunkedPrefillKeepTheInvariant) {
   }
 }
 
+// Cascade attention: samples forked from one prompt decode in one batch with an unrelated
+// sequence, their queries reading each shared block once for all of them (from four on, a
+// block's keys are transposed once); each row's logits keep the bits it has alone.
+TEST_P(EveryIsa, SequencesSharingAPrefixDecodeTogetherAsAlone) {
+  std::vector<std::string> paths = {testing::synthetic_model_path("tiny", DType::F32)};
+  if (!testing::stories_model_path().empty()) paths.push_back(testing::stories_model_path());
+  for (const std::string& path : paths) {
+    for (DType kv : {DType::F16, DType::Q8_0}) {
+      SCOPED_TRACE(path + " " + std::string(dtype_name(kv)));
+      Rig rig(path, 2, kv);
+      const auto prompt = long_prompt(70, rig.model->config().n_vocab);
+      kv::BlockTable base(*rig.pool), other(*rig.pool);
+      ASSERT_TRUE(base.reserve(prompt.size() + 1) && other.reserve(21));
+      std::vector<BatchRow> rows;
+      for (size_t i = 0; i < prompt.size(); ++i) {
+        rows.push_back({prompt[i], static_cast<int32_t>(i), &base, false});
+      }
+      for (int i = 0; i < 20; ++i) rows.push_back({prompt[i + 3], i, &other, false});
+      rig.model->forward(*rig.threads, *rig.pool, rows, rig.scratch);
+      std::vector<kv::BlockTable> samples;
+      for (int k = 0; k < 6; ++k) {
+        samples.push_back(base.fork());
+        ASSERT_TRUE(samples.back().ensure_writable(prompt.size()));
+      }
+      rows.clear();
+      for (int k = 0; k < 6; ++k) {
+        rows.push_back({10 + k, static_cast<int32_t>(prompt.size()), &samples[k], true});
+        if (k == 4) rows.push_back({5, 20, &other, true});
+      }
+      const auto logits = rig.model->forward(*rig.threads, *rig.pool, rows, rig.scratch);
+      const size_t n_vocab = static_cast<size_t>(rig.model->config().n_vocab);
+      const std::vector<float> together(logits.begin(), logits.end());
+      for (int k = 0; k < 6; ++k) {
+        std::vector<int32_t> tokens = prompt;
+        tokens.push_back(10 + k);
+        const size_t at = static_cast<size_t>(k + (k > 4 ? 1 : 0)) * n_vocab;
+        EXPECT_TRUE(
+            same_bits(rig.recompute(tokens), std::span<const float>(together).subspan(at, n_vocab)))
+            << "sample " << k;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(LlamaModel, EveryIsa,
                          ::testing::Values(kernels::Isa::kScalar, kernels::Isa::kAvx2,
                                            kernels::Isa::kAvx512),
