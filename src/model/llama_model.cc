@@ -193,22 +193,24 @@ std::vector<QueryTile> query_tiles(std::span<const BatchRow> rows, size_t max_ro
   return tiles;
 }
 
-// The queries of a tile that read one block, grouped by the block they read.
+// Whole-block readers of one block position, across the sequences of a tile, grouped by the
+// block each reads.
 struct BlockReaders {
-  std::vector<std::pair<kv::BlockId, size_t>> full;  // (block, query) for whole-block readers
-  std::vector<size_t> queries;                       // the queries of the runs, in turn
+  std::vector<std::pair<kv::BlockId, size_t>> full;  // (block, query)
+  std::vector<size_t> queries;                       // a group's queries, in order
 
-  // Calls fn(block, first, count) for each run of queries reading the same block, in order of
-  // block id then query; queries[first, first + count) are the run's queries.
+  // Calls fn(block, queries) for each group of queries reading the same block, in order of
+  // block id then query.
   template <class Fn>
   void for_each_group(Fn&& fn) {
     std::sort(full.begin(), full.end());
-    queries.clear();
-    for (const auto& entry : full) queries.push_back(entry.second);
     for (size_t i = 0; i < full.size();) {
+      queries.clear();
       size_t e = i;
-      while (e < full.size() && full[e].first == full[i].first) ++e;
-      fn(full[i].first, i, e - i);
+      for (; e < full.size() && full[e].first == full[i].first; ++e) {
+        queries.push_back(full[e].second);
+      }
+      fn(full[i].first, std::span<const size_t>(queries));
       i = e;
     }
   }
@@ -248,6 +250,7 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
         std::vector<const float*> q_ptrs, p_ptrs;
         std::vector<float*> out_ptrs;
         BlockReaders readers;
+        std::vector<size_t> members;
         for (size_t task = begin; task < end; ++task) {
           // Heads outermost: a thread's share of the tasks is whole heads, each over every
           // tile, so causal tiles (later ones attend further) are spread evenly.
@@ -287,32 +290,64 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
           const auto kv_rows = [&](DType dtype, kv::BlockId id, const kv::KvRun& run) {
             return kernels::KvRows{dtype, pool.data(id) + run.offset, run.stride, run.first};
           };
-          for (size_t t0 = first_block; t0 < longest; t0 += bt) {
-            // The queries that see a whole block share each key row's read (the queries of
-            // sequences sharing a prefix included); those whose causal limit falls inside it
-            // score their own prefix of it.
+          // A (layer, kv head)'s keys or values of one block are a few KiB, and consecutive
+          // blocks lie anywhere in the pool, where the hardware prefetchers cannot follow: the
+          // run kPrefetchBlocks ahead is requested while this one is computed.
+          // Tiles of many queries spend long enough on each block to need no help.
+          constexpr size_t kPrefetchBlocks = 2, kPrefetchQueries = 4;
+          const kv::BlockTable& lead = *rows[tile.first_row].table;
+          const auto prefetch = [&](size_t t0, const kv::KvRun& run) {
+            const size_t ahead = t0 + kPrefetchBlocks * bt;
+            if (queries > kPrefetchQueries || ahead >= longest) return;
+            const uint8_t* base = pool.data(lead.block_of(ahead)) + run.offset;
+            for (size_t at = 0; at < bt * run.stride; at += 64) __builtin_prefetch(base + at);
+          };
+          // Calls partial(j, block, n) for each query that sees only the first n positions of
+          // block position t0, and whole(block, queries) for those that see all of it, grouped
+          // by the block they read (one group when the tile is one sequence).
+          const bool one_table =
+              std::all_of(rows.begin() + tile.first_row, rows.begin() + tile.first_row + tile.rows,
+                          [&](const BatchRow& r) { return r.table == &lead; });
+          const auto visit = [&](size_t t0, auto&& partial, auto&& whole) {
+            members.clear();
             readers.full.clear();
+            const kv::BlockId lead_block = lead.block_of(t0);
             for (size_t j = 0; j < queries; ++j) {
               if (!sees_block(j, t0)) continue;
               const size_t n = std::min<size_t>(bt, n_pos[j] - t0);
-              if (n == static_cast<size_t>(bt)) {
-                readers.full.emplace_back(block_of(j, t0), j);
+              const kv::BlockId id = one_table ? lead_block : block_of(j, t0);
+              if (n < static_cast<size_t>(bt)) {
+                partial(j, id, n);
+              } else if (one_table) {
+                members.push_back(j);
               } else {
-                kernels::kv_scores(kv_rows(g.k_dtype, block_of(j, t0), k_run), s.q.data() + q_of(j),
-                                   n, hd, scale, scores.data() + j * longest + t0);
+                readers.full.emplace_back(id, j);
               }
             }
-            readers.for_each_group([&](kv::BlockId id, size_t first, size_t count) {
-              q_ptrs.clear();
-              out_ptrs.clear();
-              for (size_t i = first; i < first + count; ++i) {
-                const size_t j = readers.queries[i];
-                q_ptrs.push_back(s.q.data() + q_of(j));
-                out_ptrs.push_back(scores.data() + j * longest + t0);
-              }
-              kernels::kv_scores_queries(kv_rows(g.k_dtype, id, k_run), q_ptrs.data(),
-                                         q_ptrs.size(), bt, hd, scale, out_ptrs.data());
-            });
+            if (!members.empty()) whole(lead_block, std::span<const size_t>(members));
+            if (!readers.full.empty()) readers.for_each_group(whole);
+          };
+          for (size_t t0 = first_block; t0 < longest; t0 += bt) {
+            prefetch(t0, k_run);
+            // The queries that see a whole block share each key row's read (the queries of
+            // sequences sharing a prefix included); those whose causal limit falls inside it
+            // score their own prefix of it.
+            visit(
+                t0,
+                [&](size_t j, kv::BlockId id, size_t n) {
+                  kernels::kv_scores(kv_rows(g.k_dtype, id, k_run), s.q.data() + q_of(j), n, hd,
+                                     scale, scores.data() + j * longest + t0);
+                },
+                [&](kv::BlockId id, std::span<const size_t> js) {
+                  q_ptrs.clear();
+                  out_ptrs.clear();
+                  for (size_t j : js) {
+                    q_ptrs.push_back(s.q.data() + q_of(j));
+                    out_ptrs.push_back(scores.data() + j * longest + t0);
+                  }
+                  kernels::kv_scores_queries(kv_rows(g.k_dtype, id, k_run), q_ptrs.data(),
+                                             q_ptrs.size(), bt, hd, scale, out_ptrs.data());
+                });
           }
           sums.resize(queries);
           for (size_t j = 0; j < queries; ++j) {
@@ -324,30 +359,25 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
             std::fill_n(s.attn.data() + q_of(j), hd, 0.0f);
           }
           for (size_t t0 = first_block; t0 < longest; t0 += bt) {
+            prefetch(t0, v_run);
             // As with the keys: the queries that weigh a whole block share each row's read.
-            readers.full.clear();
-            for (size_t j = 0; j < queries; ++j) {
-              if (!sees_block(j, t0)) continue;
-              const size_t n = std::min<size_t>(bt, n_pos[j] - t0);
-              if (n == static_cast<size_t>(bt)) {
-                readers.full.emplace_back(block_of(j, t0), j);
-              } else {
-                kernels::kv_accumulate(kv_rows(g.v_dtype, block_of(j, t0), v_run),
-                                       scores.data() + j * longest + t0, n, hd,
-                                       s.attn.data() + q_of(j));
-              }
-            }
-            readers.for_each_group([&](kv::BlockId id, size_t first, size_t count) {
-              p_ptrs.clear();
-              out_ptrs.clear();
-              for (size_t i = first; i < first + count; ++i) {
-                const size_t j = readers.queries[i];
-                p_ptrs.push_back(scores.data() + j * longest + t0);
-                out_ptrs.push_back(s.attn.data() + q_of(j));
-              }
-              kernels::kv_accumulate_queries(kv_rows(g.v_dtype, id, v_run), p_ptrs.data(),
-                                             p_ptrs.size(), bt, hd, out_ptrs.data());
-            });
+            visit(
+                t0,
+                [&](size_t j, kv::BlockId id, size_t n) {
+                  kernels::kv_accumulate(kv_rows(g.v_dtype, id, v_run),
+                                         scores.data() + j * longest + t0, n, hd,
+                                         s.attn.data() + q_of(j));
+                },
+                [&](kv::BlockId id, std::span<const size_t> js) {
+                  p_ptrs.clear();
+                  out_ptrs.clear();
+                  for (size_t j : js) {
+                    p_ptrs.push_back(scores.data() + j * longest + t0);
+                    out_ptrs.push_back(s.attn.data() + q_of(j));
+                  }
+                  kernels::kv_accumulate_queries(kv_rows(g.v_dtype, id, v_run), p_ptrs.data(),
+                                                 p_ptrs.size(), bt, hd, out_ptrs.data());
+                });
           }
           for (size_t j = 0; j < queries; ++j) {
             float* out = s.attn.data() + q_of(j);
