@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "base/dtype.h"
 #include "base/gemm_table.h"
@@ -182,15 +183,29 @@ inline __m256i load256(const void* p) {
 
 struct Q8Weights {
   using Block = BlockQ8_0;
+  static constexpr bool kUnsigned = false;
   static __m256i values(const Block& b) { return load256(b.qs); }
 };
 
+// q4_0's values are nibbles minus 8. IntTile multiplies the nibbles themselves (unsigned, as
+// dpbusd wants its first operand) and takes the bias through the activations' sums instead.
 struct Q4Weights {
   using Block = BlockQ4_0;
+  static constexpr bool kUnsigned = true;
   static __m256i values(const Block& b) {
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
     const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
     return _mm256_sub_epi8(_mm256_and_si256(both, _mm256_set1_epi8(0x0f)), _mm256_set1_epi8(8));
+  }
+  // The 64 nibbles of a pair of blocks in element order (first block's low then high nibbles).
+  static __m512i pair_nibbles(const Block& b0, const Block& b1) {
+    const __m256i both = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0.qs))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1.qs)), 1);
+    const __m512i halves =
+        _mm512_inserti64x4(_mm512_castsi256_si512(both), _mm256_srli_epi16(both, 4), 1);
+    return _mm512_and_si512(_mm512_shuffle_i64x2(halves, halves, _MM_SHUFFLE(3, 1, 2, 0)),
+                            _mm512_set1_epi8(0x0f));
   }
 };
 
@@ -213,13 +228,20 @@ struct IntTile {
   static constexpr int kCols = 4;
   using WBlock = typename W::Block;
 
-  // A prepared activation row: per pair of blocks, their 64 values + 128 and their two scales
-  // as 16 floats (lanes 0-7 the first block's, 8-15 the second's); then an odd last block as
-  // it was.
-  struct PairX {
+  // A prepared activation row: per pair of blocks, their 64 values + 128 (for unsigned
+  // weights: the values themselves, and -8 times each group of four's sum, the weights' bias)
+  // and their two scales as 16 floats (lanes 0-7 the first block's, 8-15 the second's); then an
+  // odd last block as it was.
+  struct OffsetPairX {
     uint8_t values[64];
     float scales[16];
   };
+  struct BiasedPairX {
+    uint8_t values[64];
+    float scales[16];
+    int32_t bias[16];
+  };
+  using PairX = std::conditional_t<W::kUnsigned, BiasedPairX, OffsetPairX>;
 
   static const uint8_t* prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
                                 size_t* stride) {
@@ -232,7 +254,14 @@ struct IntTile {
       auto* p = reinterpret_cast<PairX*>(out + r * *stride);
       for (size_t i = 0; i < pairs; ++i) {
         const __m512i v = join(load256(b[2 * i].qs), load256(b[2 * i + 1].qs));
-        _mm512_storeu_si512(p[i].values, _mm512_xor_si512(v, offset));
+        if constexpr (W::kUnsigned) {
+          _mm512_storeu_si512(p[i].values, v);
+          const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), v);
+          _mm512_storeu_si512(p[i].bias,
+                              _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 3)));
+        } else {
+          _mm512_storeu_si512(p[i].values, _mm512_xor_si512(v, offset));
+        }
         _mm512_storeu_ps(p[i].scales, scale_pair(&b[2 * i].d, &b[2 * i + 1].d));
       }
       if (n / 32 % 2 != 0) {
@@ -260,9 +289,13 @@ struct IntTile {
       __m512 dw[NR];
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
-        wq[j] = join(W::values(a[j][i]), W::values(a[j][i + 1]));
-        corr[j] = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                   _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, wq[j]));
+        if constexpr (W::kUnsigned) {
+          wq[j] = W::pair_nibbles(a[j][i], a[j][i + 1]);
+        } else {
+          wq[j] = join(W::values(a[j][i]), W::values(a[j][i + 1]));
+          corr[j] = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                     _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, wq[j]));
+        }
         dw[j] = scale_pair(&a[j][i].d, &a[j][i + 1].d);
       }
 #pragma GCC unroll 8
@@ -270,9 +303,18 @@ struct IntTile {
         const PairX& px = b[r][i / 2];
         const __m512i xu = _mm512_loadu_si512(px.values);
         const __m512 dx = _mm512_loadu_ps(px.scales);
+        __m512i bias = _mm512_setzero_si512();
+        if constexpr (W::kUnsigned) bias = _mm512_loadu_si512(px.bias);
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) {
-          const __m512i dot = _mm512_dpbusd_epi32(corr[j], xu, wq[j]);
+          // Exact int32 sums of four products either way: (x + 128) w - 128 sum(w), or for
+          // unsigned weights u x - 8 sum(x) with w = u - 8.
+          __m512i dot;
+          if constexpr (W::kUnsigned) {
+            dot = _mm512_dpbusd_epi32(bias, wq[j], xu);
+          } else {
+            dot = _mm512_dpbusd_epi32(corr[j], xu, wq[j]);
+          }
           acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[j], dx), _mm512_cvtepi32_ps(dot), acc[r][j]);
         }
       }
