@@ -231,9 +231,8 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
   // A task is one KV head of one tile of rows (of one sequence, or of sequences sharing a
   // prefix): every query of the tile (its rows times the heads of the GQA group) that reads a
   // block reads it while it is in the first-level cache, instead of each query streaming the
-  // whole context. Each query's scores,
-  // softmax and weighted sum still run alone, in block order, through the same kernels, so a
-  // row's result does not depend on the tile it falls in.
+  // whole context. Each query's scores, softmax and weighted sum still run alone, in block
+  // order, through the same kernels, so a row's result does not depend on the tile it falls in.
   constexpr size_t kTileQueries = 16;  // their scores stay within the second-level cache
   const std::vector<QueryTile> tiles =
       query_tiles(rows, std::max<size_t>(1, kTileQueries / static_cast<size_t>(group)));
@@ -298,7 +297,10 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
           const kv::BlockTable& lead = *rows[tile.first_row].table;
           const auto prefetch = [&](size_t t0, const kv::KvRun& run) {
             const size_t ahead = t0 + kPrefetchBlocks * bt;
-            if (queries > kPrefetchQueries || ahead >= longest) return;
+            // The lead sequence may be shorter than the tile's longest (a shared prefix).
+            if (queries > kPrefetchQueries || ahead >= std::min(longest, lead.capacity_tokens())) {
+              return;
+            }
             const uint8_t* base = pool.data(lead.block_of(ahead)) + run.offset;
             for (size_t at = 0; at < bt * run.stride; at += 64) __builtin_prefetch(base + at);
           };
@@ -311,7 +313,7 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
           const auto visit = [&](size_t t0, auto&& partial, auto&& whole) {
             members.clear();
             readers.full.clear();
-            const kv::BlockId lead_block = lead.block_of(t0);
+            const kv::BlockId lead_block = one_table ? lead.block_of(t0) : kv::BlockId{};
             for (size_t j = 0; j < queries; ++j) {
               if (!sees_block(j, t0)) continue;
               const size_t n = std::min<size_t>(bt, n_pos[j] - t0);

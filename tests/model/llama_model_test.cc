@@ -284,6 +284,28 @@ TEST_P(EveryIsa, SequencesSharingAPrefixDecodeTogetherAsAlone) {
             same_bits(rig.recompute(tokens), std::span<const float>(together).subspan(at, n_vocab)))
             << "sample " << k;
       }
+
+      // A shorter sequence sharing only the first block leads a tile with a longer one: each
+      // reads only its own blocks.
+      kv::BlockTable shorter(*rig.pool);
+      shorter.append_shared(base.blocks().front());
+      ASSERT_TRUE(shorter.reserve(21));
+      rows.clear();
+      for (int i = 16; i < 20; ++i) rows.push_back({prompt[i], i, &shorter, false});
+      rig.model->forward(*rig.threads, *rig.pool, rows, rig.scratch);
+      kv::BlockTable longer = base.fork();
+      ASSERT_TRUE(longer.ensure_writable(prompt.size()));
+      rows = {{9, 20, &shorter, true}, {8, static_cast<int32_t>(prompt.size()), &longer, true}};
+      const auto pair = rig.model->forward(*rig.threads, *rig.pool, rows, rig.scratch);
+      const std::vector<float> both(pair.begin(), pair.end());
+      std::vector<int32_t> short_tokens(prompt.begin(), prompt.begin() + 20);
+      short_tokens.push_back(9);
+      std::vector<int32_t> long_tokens = prompt;
+      long_tokens.push_back(8);
+      EXPECT_TRUE(
+          same_bits(rig.recompute(short_tokens), std::span<const float>(both).first(n_vocab)));
+      EXPECT_TRUE(same_bits(rig.recompute(long_tokens),
+                            std::span<const float>(both).subspan(n_vocab, n_vocab)));
     }
   }
 }
