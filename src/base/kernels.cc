@@ -130,6 +130,13 @@ size_t activation_row_bytes(DType w, size_t n) {
   return row_bytes(activation_type(w), n);
 }
 
+// Raised whenever any kernel's results change bits (2: softmax's own exponential).
+constexpr int kArithmeticVersion = 2;
+
+std::string arithmetic_identity() {
+  return std::string(isa_name(active_isa())) + "/" + std::to_string(kArithmeticVersion);
+}
+
 void prepare_activations(DType w, const float* x, void* out, size_t n) {
   quantize(activation_type(w), x, out, n);
 }

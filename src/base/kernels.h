@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "base/dtype.h"
@@ -21,6 +22,10 @@ Isa best_isa();
 Isa active_isa();
 // Selects an instruction set; throws Error if the CPU lacks it.
 void set_isa(Isa isa);
+// Names the arithmetic of the active kernels, "ISA/VERSION": results are bit-identical under one
+// name only (instruction sets sum in other orders, and VERSION changes whenever a kernel's
+// results do), so cached keys and values are shared under one name only.
+std::string arithmetic_identity();
 std::string_view isa_name(Isa isa);
 std::optional<Isa> parse_isa(std::string_view name);
 

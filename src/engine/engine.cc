@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "base/kernels.h"
 #include "engine/stop_matcher.h"
 #include "kv/cache_namespace.h"
 #include "model/model_fingerprint.h"
@@ -124,7 +125,8 @@ Engine::~Engine() {
 kv::Hash256 Engine::namespace_for(const std::string& tenant_salt,
                                   const std::string& adapter) const {
   return kv::namespace_hash({model_fingerprint_, options_.kv_k_dtype, options_.kv_v_dtype,
-                             options_.block_tokens, tenant_salt, adapter});
+                             options_.block_tokens, tenant_salt, adapter,
+                             kernels::arithmetic_identity()});
 }
 
 void Engine::wake() {

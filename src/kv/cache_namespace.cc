@@ -4,13 +4,14 @@ namespace kvc::kv {
 
 Hash256 namespace_hash(const NamespaceKey& key) {
   Hasher h;
-  h.str("kvcache-namespace-v2")
+  h.str("kvcache-namespace-v3")
       .hash(key.model_fingerprint)
       .str(dtype_name(key.k_dtype))
       .str(dtype_name(key.v_dtype))
       .u64(static_cast<uint64_t>(key.block_tokens))
       .str(key.tenant_salt)
-      .str(key.adapter);
+      .str(key.adapter)
+      .str(key.arithmetic);
   return h.finish();
 }
 

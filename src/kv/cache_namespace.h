@@ -1,6 +1,6 @@
 // Cache identity: the namespace a block lives in. Two blocks are shared only if everything
 // that shapes their keys and values agrees: model weights and tokenizer (the model
-// fingerprint), K and V dtypes, block size, tenant salt and adapter.
+// fingerprint), K and V dtypes, block size, tenant salt, adapter and the kernels' arithmetic.
 //
 // Thread-safety: pure functions over values; safe from any thread.
 #pragma once
@@ -20,6 +20,9 @@ struct NamespaceKey {
   int block_tokens = kDefaultBlockTokens;
   std::string tenant_salt;  // per tenant (and per request cache_salt); empty for none
   std::string adapter;      // adapter id; empty for the base model
+  // The arithmetic that computes keys and values (kernels::arithmetic_identity(): instruction
+  // set and kernel version): other kernels give other last bits, so their blocks are not reused.
+  std::string arithmetic;
 };
 
 // The namespace hash: SHA-256 over every field of the key.

@@ -63,7 +63,7 @@ void expect_shared_workload_bit_identical(DType k_dtype, DType v_dtype) {
   kv::PrefixIndex index(cached_pool);
   ThreadPool threads(2);
   Generator cached(*model, cached_pool, threads), plain(*model, plain_pool, threads);
-  kv::NamespaceKey key{model::model_fingerprint(model->file()), k_dtype, v_dtype, 8, "", ""};
+  kv::NamespaceKey key{model::model_fingerprint(model->file()), k_dtype, v_dtype, 8, "", "", ""};
   const CacheContext tenant_a{&index, kv::namespace_hash(key)};
   key.tenant_salt = "b";
   const CacheContext tenant_b{&index, kv::namespace_hash(key)};

@@ -21,8 +21,8 @@ struct Fixture {
   KvGeometry geometry{1, 1, 4, kBlock, DType::F32, DType::F32};
   BlockPool pool;
   PrefixIndex index;
-  Hash256 ns_a = namespace_hash({{}, DType::F32, DType::F32, kBlock, "a", ""});
-  Hash256 ns_b = namespace_hash({{}, DType::F32, DType::F32, kBlock, "b", ""});
+  Hash256 ns_a = namespace_hash({{}, DType::F32, DType::F32, kBlock, "a", "", ""});
+  Hash256 ns_b = namespace_hash({{}, DType::F32, DType::F32, kBlock, "b", "", ""});
 
   explicit Fixture(size_t blocks = 16, PrefixIndexOptions o = {})
       : pool(geometry, geometry.bytes_per_block() * blocks),
@@ -339,7 +339,7 @@ TEST(PrefixIndex, EmptyNamespacesAreDropped) {
   Fixture f(4);
   for (int i = 0; i < 50; ++i) {
     const Hash256 ns =
-        namespace_hash({{}, DType::F32, DType::F32, kBlock, "salt" + std::to_string(i), ""});
+        namespace_hash({{}, DType::F32, DType::F32, kBlock, "salt" + std::to_string(i), "", ""});
     BlockTable t(f.pool, &f.index);
     f.index.match(ns, iota(8, i), 7, t);
     f.index.insert(ns, iota(8, i), 0, t, true);  // cancelled before writing: nothing cached
@@ -397,7 +397,7 @@ TEST(PrefixIndex, ContentHashesChainNamespaceParentAndTokens) {
   const Hash256 zero{};
   const auto a = chain_hash(ns, zero, seq({1, 2, 3, 4}));
   EXPECT_NE(a, chain_hash(ns, zero, seq({1, 2, 3, 5})));
-  EXPECT_NE(a, chain_hash(namespace_hash({{}, DType::F32, DType::F16, 16, "", ""}), zero,
+  EXPECT_NE(a, chain_hash(namespace_hash({{}, DType::F32, DType::F16, 16, "", "", ""}), zero,
                           seq({1, 2, 3, 4})));
   EXPECT_NE(chain_hash(ns, a, seq({5})), chain_hash(ns, zero, seq({5})));
   EXPECT_EQ(a, chain_hash(ns, zero, seq({1, 2, 3, 4})));
@@ -408,6 +408,9 @@ TEST(PrefixIndex, ContentHashesChainNamespaceParentAndTokens) {
   EXPECT_NE(namespace_hash(k), base);
   k = {};
   k.adapter = "lora";
+  EXPECT_NE(namespace_hash(k), base);
+  k = {};
+  k.arithmetic = "avx2/2";
   EXPECT_NE(namespace_hash(k), base);
   k = {};
   k.model_fingerprint[0] = 1;
