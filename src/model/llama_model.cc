@@ -391,6 +391,11 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
       grain);
 }
 
+const KeyCentres& LlamaModel::key_centres(ThreadPool& threads) const {
+  std::call_once(key_centres_once_, [&] { key_centres_ = calibrate_key_centres(*this, threads); });
+  return key_centres_;
+}
+
 std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& pool,
                                            std::span<const BatchRow> rows,
                                            ForwardScratch& s) const {
@@ -464,6 +469,14 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
       rms_norm(&s.xb[r * d], weight.data(), &s.xb[r * d], d, c.rms_eps);
     }
   };
+  // Keys stored quantised lose their per-channel offsets first; scores move by a constant per
+  // query, which softmax ignores.
+  const KeyCentres* key_centres_used =
+      block_elements(g.k_dtype) > 1 ? &key_centres(threads) : nullptr;
+  const std::vector<float>* centres =
+      key_centres_used != nullptr && !key_centres_used->per_layer.empty()
+          ? key_centres_used->per_layer.data()
+          : nullptr;
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
     norm_rows(w.attn_norm);
@@ -484,6 +497,10 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
       }
       apply_rope(q, c.n_heads, c.head_dim, c.n_rot, c.rope_layout, cs, sn);
       apply_rope(k, c.n_kv_heads, c.head_dim, c.n_rot, c.rope_layout, cs, sn);
+      if (centres != nullptr) {
+        const float* centre = centres[l].data();
+        for (int i = 0; i < c.kv_dim(); ++i) k[i] -= centre[i];
+      }
       const kv::BlockTable& table = *rows[r].table;
       uint8_t* block = pool.data(table.block_of(rows[r].pos));
       const int slot = table.slot_of(rows[r].pos);

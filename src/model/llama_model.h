@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "kv/block_pool.h"
 #include "kv/block_table.h"
 #include "model/gguf.h"
+#include "model/key_centres.h"
 #include "model/llama_config.h"
 
 namespace kvc::model {
@@ -68,6 +70,9 @@ class LlamaModel {
   // or a token is outside the vocabulary.
   std::span<const float> forward(ThreadPool& threads, kv::BlockPool& pool,
                                  std::span<const BatchRow> rows, ForwardScratch& scratch) const;
+  // The centres subtracted from keys stored quantised (model/key_centres.h), calibrated on
+  // first use with threads.
+  const KeyCentres& key_centres(ThreadPool& threads) const;
 
  private:
   LlamaModel() = default;
@@ -89,6 +94,8 @@ class LlamaModel {
   // has none (all 1).
   std::vector<float> rope_freq_factors_;
   WeightView output_;
+  mutable std::once_flag key_centres_once_;
+  mutable KeyCentres key_centres_;
   uint64_t weight_bytes_ = 0;
   uint64_t bytes_read_per_token_ = 0;
 };
