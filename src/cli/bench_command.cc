@@ -4,6 +4,7 @@
 #include "base/error.h"
 #include "bench/cache_bench.h"
 #include "bench/decode_bench.h"
+#include "bench/kv_dtype_bench.h"
 #include "bench/model_bench.h"
 #include "bench/tier_bench.h"
 #include "bench/workload_bench.h"
@@ -154,6 +155,34 @@ void add_bench_command(CLI::App& app) {
       fail("users, sessions, turns and output tokens must be positive");
     }
     bench::run_workload_bench(*wl, std::cout);
+  });
+
+  auto kvd = std::make_shared<bench::KvDtypeBenchOptions>();
+  auto kvd_types = std::make_shared<std::vector<std::string>>(
+      std::vector<std::string>{"q8_0", "q8_0/q4_0", "q4_0"});
+  CLI::App* kvd_cmd = cmd->add_subcommand(
+      "kv-dtypes",
+      "Memory and accuracy of each KV storage type against f16, on text the model samples");
+  kvd_cmd->add_option("-m,--model", kvd->model_path, "GGUF model")->required();
+  kvd_cmd->add_option("--types", *kvd_types, "KV types to compare, K/V or one type for both")
+      ->delimiter(',')
+      ->capture_default_str();
+  kvd_cmd->add_option("--tokens", kvd->tokens, "Tokens of sampled text")->capture_default_str();
+  kvd_cmd->add_option("--seed", kvd->seed, "Sampling seed")->capture_default_str();
+  kvd_cmd->add_option("-c,--ctx-size", kvd->context, "Perplexity chunk")->capture_default_str();
+  kvd_cmd->add_option("-t,--threads", kvd->threads, "Threads")->capture_default_str();
+  kvd_cmd->add_option("--save-text", kvd->save_text, "Write the sampled text to this file");
+  kvd_cmd->add_flag("--json", kvd->json, "One JSON document");
+  kvd_cmd->callback([kvd, kvd_types] {
+    kvd->types.clear();
+    for (const std::string& t : *kvd_types) {
+      const size_t slash = t.find('/');
+      const std::string k = t.substr(0, slash);
+      const std::string v = slash == std::string::npos ? k : t.substr(slash + 1);
+      kvd->types.emplace_back(parse_pool_kv_dtype(k, "--types"), parse_pool_kv_dtype(v, "--types"));
+    }
+    if (kvd->tokens < 2) fail("--tokens must be at least 2");
+    bench::run_kv_dtype_bench(*kvd, std::cout);
   });
 
   auto tiers = std::make_shared<bench::TierBenchOptions>();

@@ -228,6 +228,36 @@ TEST(Cli, BenchWithAModelRunsLlamaBenchsTestsAsJson) {
   EXPECT_EQ(tests[5]["n_depth"], 8);
 }
 
+TEST(Cli, BenchKvDtypesScoresEachTypeAgainstF16OnSampledText) {
+  const std::string model = testing::synthetic_model_path("tiny", DType::F32);
+  const std::string text = (testing::scratch_dir() / "kv-dtypes-text.txt").string();
+  const Result r = kvcache("bench kv-dtypes -m " + model +
+                           " --types f32,q8_0,q8_0/q4_0 --tokens 256 -c 64 -t 1 --save-text " +
+                           text + " --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["sampled_tokens"], 256);
+  EXPECT_EQ(j["scored_tokens"], 4 * (64 - 1 - 32));  // llama-perplexity's second halves
+  ASSERT_EQ(j["types"].size(), 3u);
+  EXPECT_EQ(j["types"][0]["bytes_vs_f16"], 2.0);
+  EXPECT_DOUBLE_EQ(j["types"][1]["bytes_vs_f16"].get<double>(), 34.0 / 64.0);
+  EXPECT_EQ(j["types"][2]["kv_dtype_k"], "q8_0");
+  EXPECT_EQ(j["types"][2]["kv_dtype_v"], "q4_0");
+  for (const auto& t : j["types"]) {
+    EXPECT_GE(t["mean_kl"].get<double>(), 0.0);
+    EXPECT_GE(t["p99_kl"].get<double>(), 0.0);
+    EXPECT_GT(t["top1_agreement"].get<double>(), 0.5);
+    EXPECT_LE(t["top1_agreement"].get<double>(), 1.0);
+    EXPECT_GT(t["ppl"].get<double>(), 1.0);
+  }
+  // f32 keys and values only round less than f16: nearly the same distributions.
+  EXPECT_LT(j["types"][0]["mean_kl"].get<double>(), 1e-4);
+  EXPECT_TRUE(std::filesystem::file_size(text) > 0);
+  const Result bad = kvcache("bench kv-dtypes -m " + model + " --types q2_K --tokens 64 -c 32");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_THAT(bad.err, HasSubstr("--types"));
+}
+
 TEST(Cli, BenchWithAModelPrintsATableAndRefusesTestsLongerThanTheContext) {
   const std::string model = testing::synthetic_model_path("tiny", DType::F32);
   Result r = kvcache("bench -m " + model + " -p 8 -n 2 -d 4 -t 1 -r 1 -npl 2");
