@@ -19,6 +19,7 @@ namespace kvc::kernels {
 namespace {
 
 #include "base/simd_reduce.h"
+#include "base/simd_reduce_avx512.h"
 
 #include "base/gemm_tiles.h"
 
@@ -30,10 +31,6 @@ inline __m256i dot_u8s8(__m256i u, __m256i x) {
 }
 
 #include "base/gemm_unpacked.h"
-
-inline float hsum512(__m512 v) {
-  return hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
-}
 
 inline __mmask16 tail_mask(size_t count) {
   return static_cast<__mmask16>((1u << count) - 1);

@@ -15,11 +15,7 @@ namespace kvc::kernels {
 namespace {
 
 #include "base/simd_reduce.h"
-
-// Horizontal sum in a fixed order (GCC 12's _mm512_reduce_add_ps trips -Wuninitialized).
-inline float hsum512(__m512 v) {
-  return hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
-}
+#include "base/simd_reduce_avx512.h"
 
 inline __m512 load_f16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -70,34 +66,6 @@ inline __m512 dot_f16_f32_lanes(const uint16_t* a, const float* b, size_t n) {
 
 float dot_f16_f32_avx512(const uint16_t* a, const float* b, size_t n) {
   return hsum512(dot_f16_f32_lanes(a, b, n));
-}
-
-// hsum512 of eight vectors at once: the same additions of the same lanes (fold 256, fold 128,
-// then lanes 0+2 and 1+3, then 0+1), so each sum has hsum512's bits.
-inline void hsum512x8(const __m512 v[8], float out[8]) {
-  __m512 p[4];
-  for (int i = 0; i < 4; ++i) {  // p[i] = [v[2i] folded to 8 lanes | v[2i+1] folded]
-    const __m512 lo = _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0));
-    const __m512 hi = _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2));
-    p[i] = _mm512_add_ps(lo, hi);
-  }
-  __m512 q[2];
-  for (int i = 0; i < 2; ++i) {  // q[i]: v[4i..4i+3] folded to 4 lanes, one per 128-bit lane
-    const __m512 lo = _mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512 hi = _mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1));
-    q[i] = _mm512_add_ps(lo, hi);
-  }
-  // 128-bit lane k: v[k] and v[k + 4] folded to 2 lanes each, then to 1.
-  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(q[0], q[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                 _mm512_shuffle_ps(q[0], q[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(r, r, _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm512_shuffle_ps(r, r, _MM_SHUFFLE(3, 1, 3, 1)));
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, f);
-  for (int k = 0; k < 4; ++k) {
-    out[k] = lanes[4 * k];
-    out[k + 4] = lanes[4 * k + 1];
-  }
 }
 
 void axpy_f32_avx512(float alpha, const float* x, float* y, size_t n) {

@@ -28,6 +28,21 @@ inline __m256 lanes(const BlockQ4_0& b, int e) {
   return _mm256_cvtepi32_ps(v);
 }
 
+// One key row's 8 lanes of q . k, before the horizontal sum: per group, the lanes of q times
+// the group's values, then times the group's scale.
+template <class Block>
+inline __m256 score_lanes(const Block* b, const float* q, size_t groups, int run, int first) {
+  __m256 acc = _mm256_setzero_ps();
+  for (size_t g = 0; g < groups; ++g) {
+    __m256 sum = _mm256_setzero_ps();
+    for (int e = 0; e < run; e += 8) {
+      sum = _mm256_fmadd_ps(lanes(b[g], first + e), _mm256_loadu_ps(q + g * 32 + e), sum);
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[g].d)), sum, acc);
+  }
+  return acc;
+}
+
 template <class Block>
 void scores(const float* q, const uint8_t* base, size_t stride, int first, size_t n, size_t hd,
             float scale, float* out) {
@@ -38,18 +53,36 @@ void scores(const float* q, const uint8_t* base, size_t stride, int first, size_
   }
   const size_t groups = hd >= 32 ? hd / 32 : 1;
   const int run = hd >= 32 ? 32 : static_cast<int>(hd);
-  for (size_t t = 0; t < n; ++t) {
-    const auto* b = reinterpret_cast<const Block*>(base + t * stride);
-    __m256 acc = _mm256_setzero_ps();
-    for (size_t g = 0; g < groups; ++g) {
-      __m256 sum = _mm256_setzero_ps();
-      for (int e = 0; e < run; e += 8) {
-        sum = _mm256_fmadd_ps(lanes(b[g], first + e), _mm256_loadu_ps(q + g * 32 + e), sum);
-      }
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[g].d)), sum, acc);
-    }
-    out[t] = hsum256(acc) * scale;
+  const auto row = [&](size_t t) { return reinterpret_cast<const Block*>(base + t * stride); };
+  size_t t = 0;
+  // Eight keys share one folded horizontal sum (the same bits as each summed alone).
+  for (; t + 8 <= n; t += 8) {
+    __m256 acc[8];
+    for (int k = 0; k < 8; ++k) acc[k] = score_lanes(row(t + k), q, groups, run, first);
+    float sums[8];
+    hsum256x8(acc, sums);
+    for (int k = 0; k < 8; ++k) out[t + k] = sums[k] * scale;
   }
+  for (; t < n; ++t) out[t] = hsum256(score_lanes(row(t), q, groups, run, first)) * scale;
+}
+
+// out's values of G whole groups (32 values each, from group g0) kept in registers over all n
+// rows: the same multiply-adds in the same order as updating out in memory row by row.
+template <class Block, int G>
+void accumulate_groups(const float* p, const uint8_t* base, size_t stride, size_t n, size_t g0,
+                       float* out) {
+  __m256 o[4 * G];
+  for (int i = 0; i < 4 * G; ++i) o[i] = _mm256_loadu_ps(out + g0 * 32 + i * 8);
+  for (size_t t = 0; t < n; ++t) {
+    const auto* b = reinterpret_cast<const Block*>(base + t * stride) + g0;
+    for (int g = 0; g < G; ++g) {
+      const __m256 a = _mm256_set1_ps(p[t] * _cvtsh_ss(b[g].d));
+      for (int e = 0; e < 4; ++e) {
+        o[4 * g + e] = _mm256_fmadd_ps(a, lanes(b[g], 8 * e), o[4 * g + e]);
+      }
+    }
+  }
+  for (int i = 0; i < 4 * G; ++i) _mm256_storeu_ps(out + g0 * 32 + i * 8, o[i]);
 }
 
 template <class Block>
@@ -60,16 +93,20 @@ void accumulate(const float* p, const uint8_t* base, size_t stride, int first, s
     accumulate_for<Block>(s)(p, base, stride, first, n, hd, out);
     return;
   }
-  const size_t groups = hd >= 32 ? hd / 32 : 1;
-  const int run = hd >= 32 ? 32 : static_cast<int>(hd);
-  for (size_t t = 0; t < n; ++t) {
+  if (hd >= 32) {
+    // Up to two groups (eight registers) at a time.
+    const size_t groups = hd / 32;
+    size_t g = 0;
+    for (; g + 2 <= groups; g += 2) accumulate_groups<Block, 2>(p, base, stride, n, g, out);
+    for (; g < groups; ++g) accumulate_groups<Block, 1>(p, base, stride, n, g, out);
+    return;
+  }
+  for (size_t t = 0; t < n; ++t) {  // a head of 8, 16 or 24 values inside one group
     const auto* b = reinterpret_cast<const Block*>(base + t * stride);
-    for (size_t g = 0; g < groups; ++g) {
-      const __m256 a = _mm256_set1_ps(p[t] * _cvtsh_ss(b[g].d));
-      for (int e = 0; e < run; e += 8) {
-        float* o = out + g * 32 + e;
-        _mm256_storeu_ps(o, _mm256_fmadd_ps(a, lanes(b[g], first + e), _mm256_loadu_ps(o)));
-      }
+    const __m256 a = _mm256_set1_ps(p[t] * _cvtsh_ss(b->d));
+    for (int e = 0; e < static_cast<int>(hd); e += 8) {
+      float* o = out + e;
+      _mm256_storeu_ps(o, _mm256_fmadd_ps(a, lanes(*b, first + e), _mm256_loadu_ps(o)));
     }
   }
 }

@@ -12,6 +12,9 @@
 namespace kvc::kernels {
 namespace {
 
+#include "base/simd_reduce.h"
+#include "base/simd_reduce_avx512.h"
+
 // Sixteen values of a group from element e (0 or 16), as floats.
 inline __m512 lanes(const BlockQ8_0& b, int e) {
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + e));
@@ -26,6 +29,21 @@ inline __m512 lanes(const BlockQ4_0& b, int e) {
   return _mm512_cvtepi32_ps(v);
 }
 
+// One key row's 16 lanes of q . k, before the horizontal sum: per group, the lanes of q times
+// the group's values, then times the group's scale.
+template <class Block>
+inline __m512 score_lanes(const Block* b, const float* q, size_t groups, int run, int first) {
+  __m512 acc = _mm512_setzero_ps();
+  for (size_t g = 0; g < groups; ++g) {
+    __m512 sum = _mm512_setzero_ps();
+    for (int e = 0; e < run; e += 16) {
+      sum = _mm512_fmadd_ps(lanes(b[g], first + e), _mm512_loadu_ps(q + g * 32 + e), sum);
+    }
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(b[g].d)), sum, acc);
+  }
+  return acc;
+}
+
 template <class Block>
 void scores(const float* q, const uint8_t* base, size_t stride, int first, size_t n, size_t hd,
             float scale, float* out) {
@@ -36,18 +54,35 @@ void scores(const float* q, const uint8_t* base, size_t stride, int first, size_
   }
   const size_t groups = hd >= 32 ? hd / 32 : 1;
   const int run = hd >= 32 ? 32 : static_cast<int>(hd);
-  for (size_t t = 0; t < n; ++t) {
-    const auto* b = reinterpret_cast<const Block*>(base + t * stride);
-    __m512 acc = _mm512_setzero_ps();
-    for (size_t g = 0; g < groups; ++g) {
-      __m512 sum = _mm512_setzero_ps();
-      for (int e = 0; e < run; e += 16) {
-        sum = _mm512_fmadd_ps(lanes(b[g], first + e), _mm512_loadu_ps(q + g * 32 + e), sum);
-      }
-      acc = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(b[g].d)), sum, acc);
-    }
-    out[t] = _mm512_reduce_add_ps(acc) * scale;
+  const auto row = [&](size_t t) { return reinterpret_cast<const Block*>(base + t * stride); };
+  size_t t = 0;
+  // Eight keys share one folded horizontal sum (the same bits as each summed alone).
+  for (; t + 8 <= n; t += 8) {
+    __m512 acc[8];
+    for (int k = 0; k < 8; ++k) acc[k] = score_lanes(row(t + k), q, groups, run, first);
+    float sums[8];
+    hsum512x8(acc, sums);
+    for (int k = 0; k < 8; ++k) out[t + k] = sums[k] * scale;
   }
+  for (; t < n; ++t) out[t] = hsum512(score_lanes(row(t), q, groups, run, first)) * scale;
+}
+
+// out's values of G whole groups (32 values each, from group g0) kept in registers over all n
+// rows: the same multiply-adds in the same order as updating out in memory row by row.
+template <class Block, int G>
+void accumulate_groups(const float* p, const uint8_t* base, size_t stride, size_t n, size_t g0,
+                       float* out) {
+  __m512 o[2 * G];
+  for (int i = 0; i < 2 * G; ++i) o[i] = _mm512_loadu_ps(out + g0 * 32 + i * 16);
+  for (size_t t = 0; t < n; ++t) {
+    const auto* b = reinterpret_cast<const Block*>(base + t * stride) + g0;
+    for (int g = 0; g < G; ++g) {
+      const __m512 a = _mm512_set1_ps(p[t] * _cvtsh_ss(b[g].d));
+      o[2 * g] = _mm512_fmadd_ps(a, lanes(b[g], 0), o[2 * g]);
+      o[2 * g + 1] = _mm512_fmadd_ps(a, lanes(b[g], 16), o[2 * g + 1]);
+    }
+  }
+  for (int i = 0; i < 2 * G; ++i) _mm512_storeu_ps(out + g0 * 32 + i * 16, o[i]);
 }
 
 template <class Block>
@@ -58,18 +93,21 @@ void accumulate(const float* p, const uint8_t* base, size_t stride, int first, s
     accumulate_for<Block>(t)(p, base, stride, first, n, hd, out);
     return;
   }
-  const size_t groups = hd >= 32 ? hd / 32 : 1;
-  const int run = hd >= 32 ? 32 : static_cast<int>(hd);
+  if (hd >= 32) {
+    // Up to four groups (eight registers) at a time.
+    const size_t groups = hd / 32;
+    size_t g = 0;
+    for (; g + 4 <= groups; g += 4) accumulate_groups<Block, 4>(p, base, stride, n, g, out);
+    for (; g + 2 <= groups; g += 2) accumulate_groups<Block, 2>(p, base, stride, n, g, out);
+    for (; g < groups; ++g) accumulate_groups<Block, 1>(p, base, stride, n, g, out);
+    return;
+  }
+  __m512 o = _mm512_loadu_ps(out);  // a head of 16 values, half of a group
   for (size_t t = 0; t < n; ++t) {
     const auto* b = reinterpret_cast<const Block*>(base + t * stride);
-    for (size_t g = 0; g < groups; ++g) {
-      const __m512 a = _mm512_set1_ps(p[t] * _cvtsh_ss(b[g].d));
-      for (int e = 0; e < run; e += 16) {
-        float* o = out + g * 32 + e;
-        _mm512_storeu_ps(o, _mm512_fmadd_ps(a, lanes(b[g], first + e), _mm512_loadu_ps(o)));
-      }
-    }
+    o = _mm512_fmadd_ps(_mm512_set1_ps(p[t] * _cvtsh_ss(b->d)), lanes(*b, first), o);
   }
+  _mm512_storeu_ps(out, o);
 }
 
 }  // namespace

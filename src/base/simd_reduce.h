@@ -14,6 +14,31 @@ inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
+// hsum256 of eight vectors at once: the same additions of the same lanes (fold 128, then lanes
+// 0+2 and 1+3, then 0+1), so each sum has hsum256's bits.
+inline void hsum256x8(const __m256 v[8], float out[8]) {
+  __m256 p[4];
+  for (int i = 0; i < 4; ++i) {  // p[i] = [v[2i] folded to 4 lanes | v[2i+1] folded]
+    p[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                         _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+  }
+  // r[i]: 128-bit lane 0 holds v[4i] and v[4i+2] folded to 2 lanes, lane 1 v[4i+1], v[4i+3].
+  __m256 r[2];
+  for (int i = 0; i < 2; ++i) {
+    r[i] = _mm256_add_ps(_mm256_shuffle_ps(p[2 * i], p[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(p[2 * i], p[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // Lane 0: v[0], v[2], v[4], v[6]; lane 1: v[1], v[3], v[5], v[7].
+  const __m256 f = _mm256_add_ps(_mm256_shuffle_ps(r[0], r[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm256_shuffle_ps(r[0], r[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, f);
+  for (int k = 0; k < 4; ++k) {
+    out[2 * k] = lanes[k];
+    out[2 * k + 1] = lanes[4 + k];
+  }
+}
+
 inline float half(uint16_t h) {
   return _cvtsh_ss(h);
 }

@@ -289,14 +289,17 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
           const auto kv_rows = [&](DType dtype, kv::BlockId id, const kv::KvRun& run) {
             return kernels::KvRows{dtype, pool.data(id) + run.offset, run.stride, run.first};
           };
-          // A (layer, kv head)'s keys or values of one block are a few KiB, and consecutive
-          // blocks lie anywhere in the pool, where the hardware prefetchers cannot follow: the
-          // run kPrefetchBlocks ahead is requested while this one is computed.
-          // Tiles of many queries spend long enough on each block to need no help.
-          constexpr size_t kPrefetchBlocks = 2, kPrefetchQueries = 4;
+          // A (layer, kv head)'s keys or values of one block are a few KiB or less, and
+          // consecutive blocks lie anywhere in the pool, where the hardware prefetchers cannot
+          // follow: the run about kPrefetchBytes ahead (at least two blocks) is requested while
+          // this one is computed. Tiles of many queries spend long enough on each block to need
+          // no help.
+          constexpr size_t kPrefetchBytes = 8192, kPrefetchQueries = 4;
           const kv::BlockTable& lead = *rows[tile.first_row].table;
           const auto prefetch = [&](size_t t0, const kv::KvRun& run) {
-            const size_t ahead = t0 + kPrefetchBlocks * bt;
+            const size_t blocks_ahead =
+                std::clamp<size_t>(kPrefetchBytes / (bt * run.stride), 2, 16);
+            const size_t ahead = t0 + blocks_ahead * bt;
             // The lead sequence may be shorter than the tile's longest (a shared prefix).
             if (queries > kPrefetchQueries || ahead >= std::min(longest, lead.capacity_tokens())) {
               return;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -47,9 +48,9 @@ struct Layout {
 
 // Head grouping (hd a multiple of 32) and token grouping (heads of 8 or 16 within a group, at
 // every position a head can take).
-const Layout kLayouts[] = {{32, 32, 0},  {64, 64, 0}, {128, 128, 0}, {8, 32, 0},
-                           {8, 32, 8},   {8, 32, 16}, {8, 32, 24},   {16, 32, 0},
-                           {16, 32, 16}, {8, 64, 40}, {16, 64, 48},  {4, 32, 20}};
+const Layout kLayouts[] = {{32, 32, 0},  {64, 64, 0}, {96, 96, 0},  {128, 128, 0}, {256, 256, 0},
+                           {8, 32, 0},   {8, 32, 8},  {8, 32, 16},  {8, 32, 24},   {16, 32, 0},
+                           {16, 32, 16}, {8, 64, 40}, {16, 64, 48}, {4, 32, 20}};
 
 // Tolerance: n products summed in f32 (about n * 2^-24 * sum |q_i k_i|), allowed 4x.
 TEST(KvAttention, ScoresMatchTheDequantisedReferenceOnEveryIsa) {
@@ -105,6 +106,49 @@ TEST(KvAttention, AccumulateMatchesTheDequantisedReferenceOnEveryIsa) {
           EXPECT_NEAR(got[e], want, 4.0 * n * std::ldexp(1.0, -24) * mag)
               << kernels::isa_name(isa) << " " << dtype_name(t) << " hd " << l.hd << " at " << l.at
               << " element " << e;
+        }
+      }
+    }
+  }
+}
+
+// A row's score, and the weighted sum over rows, do not depend on how many rows one call takes
+// (kernels fold several rows' sums together and keep sums in registers): the bits of each row
+// alone.
+TEST(KvAttention, ManyRowsAtOnceHaveTheBitsOfEachRowAlone) {
+  IsaGuard guard;
+  for (Isa isa : supported_isas()) {
+    kernels::set_isa(isa);
+    for (DType t : {DType::Q8_0, DType::Q4_0}) {
+      for (const Layout& l : kLayouts) {
+        const size_t n = 21;
+        const Rows rows = make_rows(t, n, l.per_token, l.at, l.hd, 7 + l.at);
+        const auto q = random_floats(l.hd, 31);
+        const auto p = random_floats(n, 37);
+        const size_t group_at = l.at / 32 * block_bytes(t);
+        const kernels::KvRows kv{t, rows.bytes.data() + group_at, rows.stride,
+                                 static_cast<int>(l.at % 32)};
+        const auto row = [&](size_t i) {
+          return kernels::KvRows{t, kv.base + i * rows.stride, rows.stride, kv.first};
+        };
+        std::vector<float> together(n), alone(n);
+        kernels::kv_scores(kv, q.data(), n, l.hd, 0.3f, together.data());
+        for (size_t i = 0; i < n; ++i)
+          kernels::kv_scores(row(i), q.data(), 1, l.hd, 0.3f, &alone[i]);
+        std::vector<float> sum_together(l.hd, 0.25f), sum_alone(l.hd, 0.25f);
+        kernels::kv_accumulate(kv, p.data(), n, l.hd, sum_together.data());
+        for (size_t i = 0; i < n; ++i)
+          kernels::kv_accumulate(row(i), &p[i], 1, l.hd, sum_alone.data());
+        const std::string where = std::string(kernels::isa_name(isa)) + " " +
+                                  std::string(dtype_name(t)) + " hd " + std::to_string(l.hd) +
+                                  " at " + std::to_string(l.at);
+        for (size_t i = 0; i < n; ++i) {
+          EXPECT_EQ(std::bit_cast<uint32_t>(together[i]), std::bit_cast<uint32_t>(alone[i]))
+              << where << " row " << i;
+        }
+        for (size_t e = 0; e < l.hd; ++e) {
+          EXPECT_EQ(std::bit_cast<uint32_t>(sum_together[e]), std::bit_cast<uint32_t>(sum_alone[e]))
+              << where << " element " << e;
         }
       }
     }
