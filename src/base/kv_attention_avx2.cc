@@ -30,13 +30,35 @@ inline __m256 lanes(const BlockQ4_0& b, int e) {
 
 // One key row's 8 lanes of q . k, before the horizontal sum: per group, the lanes of q times
 // the group's values, then times the group's scale.
+// The values of a run of `count` (8, 16, 24 or 32) from element `first` of a group, eight
+// per vector, as floats: q8_0 widens each eight bytes; q4_0 turns the group's sixteen bytes
+// into signed values once (low nibbles, then high) and widens eight of them at a time.
+inline void run_lanes(const BlockQ8_0& b, int first, int count, __m256* out) {
+  for (int e = 0; e < count; e += 8) out[e / 8] = lanes(b, first + e);
+}
+
+inline void run_lanes(const BlockQ4_0& b, int first, int count, __m256* out) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+  const __m128i mask = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+  const __m128i low = _mm_sub_epi8(_mm_and_si128(bytes, mask), eight);
+  const __m128i high = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask), eight);
+  for (int e = 0; e < count; e += 8) {
+    const int at = first + e;  // elements 0..15 are the low nibbles, 16..31 the high
+    const __m128i half = at < 16 ? low : high;
+    const __m128i eight_bytes = (at & 15) == 0 ? half : _mm_srli_si128(half, 8);
+    out[e / 8] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight_bytes));
+  }
+}
+
 template <class Block>
 inline __m256 score_lanes(const Block* b, const float* q, size_t groups, int run, int first) {
   __m256 acc = _mm256_setzero_ps();
   for (size_t g = 0; g < groups; ++g) {
+    __m256 values[4];
+    run_lanes(b[g], first, run, values);
     __m256 sum = _mm256_setzero_ps();
     for (int e = 0; e < run; e += 8) {
-      sum = _mm256_fmadd_ps(lanes(b[g], first + e), _mm256_loadu_ps(q + g * 32 + e), sum);
+      sum = _mm256_fmadd_ps(values[e / 8], _mm256_loadu_ps(q + g * 32 + e), sum);
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[g].d)), sum, acc);
   }
@@ -77,9 +99,9 @@ void accumulate_groups(const float* p, const uint8_t* base, size_t stride, size_
     const auto* b = reinterpret_cast<const Block*>(base + t * stride) + g0;
     for (int g = 0; g < G; ++g) {
       const __m256 a = _mm256_set1_ps(p[t] * _cvtsh_ss(b[g].d));
-      for (int e = 0; e < 4; ++e) {
-        o[4 * g + e] = _mm256_fmadd_ps(a, lanes(b[g], 8 * e), o[4 * g + e]);
-      }
+      __m256 values[4];
+      run_lanes(b[g], 0, 32, values);
+      for (int e = 0; e < 4; ++e) o[4 * g + e] = _mm256_fmadd_ps(a, values[e], o[4 * g + e]);
     }
   }
   for (int i = 0; i < 4 * G; ++i) _mm256_storeu_ps(out + g0 * 32 + i * 8, o[i]);
