@@ -49,7 +49,17 @@ void kv_scores_queries(const KvRows& k, const float* const* q, size_t nq, size_t
     attention_scores_queries(k.dtype, q, nq, k.base, n, hd, scale, out);
     return;
   }
-  for (size_t j = 0; j < nq; ++j) kv_scores(k, q[j], n, hd, scale, out[j]);
+  switch (k.dtype) {
+    case DType::Q8_0:
+      table().scores_queries_q8_0(q, nq, k.base, k.stride, k.first, n, hd, scale, out);
+      return;
+    case DType::Q4_0:
+      table().scores_queries_q4_0(q, nq, k.base, k.stride, k.first, n, hd, scale, out);
+      return;
+    default:
+      break;
+  }
+  fail("kv_scores_queries: keys stored as {} are not supported", dtype_name(k.dtype));
 }
 
 void kv_accumulate_queries(const KvRows& v, const float* const* p, size_t nq, size_t n, size_t hd,
@@ -58,7 +68,17 @@ void kv_accumulate_queries(const KvRows& v, const float* const* p, size_t nq, si
     attention_accumulate_queries(v.dtype, p, nq, v.base, n, hd, out);
     return;
   }
-  for (size_t j = 0; j < nq; ++j) kv_accumulate(v, p[j], n, hd, out[j]);
+  switch (v.dtype) {
+    case DType::Q8_0:
+      table().accumulate_queries_q8_0(p, nq, v.base, v.stride, v.first, n, hd, out);
+      return;
+    case DType::Q4_0:
+      table().accumulate_queries_q4_0(p, nq, v.base, v.stride, v.first, n, hd, out);
+      return;
+    default:
+      break;
+  }
+  fail("kv_accumulate_queries: values stored as {} are not supported", dtype_name(v.dtype));
 }
 
 void kv_accumulate(const KvRows& v, const float* p, size_t n, size_t hd, float* out) {

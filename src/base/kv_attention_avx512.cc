@@ -2,6 +2,8 @@
 // multiple of 16 values (heads of 8) take the AVX2 loops, which every AVX-512 CPU runs.
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "base/dtype.h"
 #include "base/kv_attention_table.h"
 
@@ -110,11 +112,125 @@ void accumulate(const float* p, const uint8_t* base, size_t stride, int first, s
   _mm512_storeu_ps(out, o);
 }
 
+// Rows whose values are converted once for several queries hold at most this many values.
+constexpr size_t kMaxConvertedRow = 256;
+
+// A row's values as floats (group after group, `run` values each, from element `first`) and
+// each group's scale: what score_lanes and accumulate convert, kept for several queries.
+template <class Block>
+inline void convert_row(const Block* b, size_t groups, int run, int first, float* values,
+                        float* d) {
+  for (size_t g = 0; g < groups; ++g) {
+    d[g] = _cvtsh_ss(b[g].d);
+    for (int e = 0; e < run; e += 16) _mm512_store_ps(values + g * run + e, lanes(b[g], first + e));
+  }
+}
+
+// score_lanes over a converted row: the same multiply-adds of the same values.
+inline __m512 score_converted(const float* values, const float* d, const float* q, size_t groups,
+                              int run) {
+  __m512 acc = _mm512_setzero_ps();
+  for (size_t g = 0; g < groups; ++g) {
+    __m512 sum = _mm512_setzero_ps();
+    for (int e = 0; e < run; e += 16) {
+      sum = _mm512_fmadd_ps(_mm512_load_ps(values + g * run + e), _mm512_loadu_ps(q + g * 32 + e),
+                            sum);
+    }
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(d[g]), sum, acc);
+  }
+  return acc;
+}
+
+template <class Block>
+void scores_queries(const float* const* q, size_t nq, const uint8_t* base, size_t stride, int first,
+                    size_t n, size_t hd, float scale, float* const* out) {
+  if (hd % 16 != 0) {
+    scores_queries_for<Block> (*avx2_kv_attention())(q, nq, base, stride, first, n, hd, scale, out);
+    return;
+  }
+  if (nq == 1 || hd > kMaxConvertedRow) {
+    scores_each<Block>(*avx512_kv_attention(), q, nq, base, stride, first, n, hd, scale, out);
+    return;
+  }
+  const size_t groups = hd >= 32 ? hd / 32 : 1;
+  const int run = hd >= 32 ? 32 : static_cast<int>(hd);
+  const auto row = [&](size_t t) { return reinterpret_cast<const Block*>(base + t * stride); };
+  alignas(64) float values[8 * kMaxConvertedRow];
+  float d[8 * kMaxConvertedRow / 32];
+  size_t t = 0;
+  // Eight keys converted once, then scored for every query, their sums folded together.
+  for (; t + 8 <= n; t += 8) {
+    for (int k = 0; k < 8; ++k) {
+      convert_row(row(t + k), groups, run, first, values + k * hd, d + k * groups);
+    }
+    for (size_t j = 0; j < nq; ++j) {
+      __m512 acc[8];
+      for (int k = 0; k < 8; ++k) {
+        acc[k] = score_converted(values + k * hd, d + k * groups, q[j], groups, run);
+      }
+      float sums[8];
+      hsum512x8(acc, sums);
+      for (int k = 0; k < 8; ++k) out[j][t + k] = sums[k] * scale;
+    }
+  }
+  for (; t < n; ++t) {
+    convert_row(row(t), groups, run, first, values, d);
+    for (size_t j = 0; j < nq; ++j) {
+      out[j][t] = hsum512(score_converted(values, d, q[j], groups, run)) * scale;
+    }
+  }
+}
+
+template <class Block>
+void accumulate_queries(const float* const* p, size_t nq, const uint8_t* base, size_t stride,
+                        int first, size_t n, size_t hd, float* const* out) {
+  if (hd % 16 != 0) {
+    accumulate_queries_for<Block> (*avx2_kv_attention())(p, nq, base, stride, first, n, hd, out);
+    return;
+  }
+  if (nq == 1 || hd > kMaxConvertedRow) {
+    accumulate_each<Block>(*avx512_kv_attention(), p, nq, base, stride, first, n, hd, out);
+    return;
+  }
+  const size_t groups = hd >= 32 ? hd / 32 : 1;
+  const int run = hd >= 32 ? 32 : static_cast<int>(hd);
+  alignas(64) float values[8 * kMaxConvertedRow];
+  float d[8 * kMaxConvertedRow / 32];
+  // Up to eight rows converted once; each query's sums then take them in row order, as
+  // accumulate does row by row.
+  for (size_t t0 = 0; t0 < n; t0 += 8) {
+    const size_t m = std::min<size_t>(8, n - t0);
+    for (size_t k = 0; k < m; ++k) {
+      const auto* b = reinterpret_cast<const Block*>(base + (t0 + k) * stride);
+      convert_row(b, groups, run, first, values + k * hd, d + k * groups);
+    }
+    for (size_t j = 0; j < nq; ++j) {
+      for (size_t g = 0; g < groups; ++g) {
+        for (int e = 0; e < run; e += 16) {
+          float* o = out[j] + g * 32 + e;
+          __m512 sum = _mm512_loadu_ps(o);
+          for (size_t k = 0; k < m; ++k) {
+            const __m512 a = _mm512_set1_ps(p[j][t0 + k] * d[k * groups + g]);
+            sum = _mm512_fmadd_ps(a, _mm512_load_ps(values + k * hd + g * run + e), sum);
+          }
+          _mm512_storeu_ps(o, sum);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 const KvAttentionTable* avx512_kv_attention() {
-  static const KvAttentionTable table{scores<BlockQ8_0>, scores<BlockQ4_0>, accumulate<BlockQ8_0>,
-                                      accumulate<BlockQ4_0>};
+  static const KvAttentionTable table{scores<BlockQ8_0>,
+                                      scores<BlockQ4_0>,
+                                      accumulate<BlockQ8_0>,
+                                      accumulate<BlockQ4_0>,
+                                      scores_queries<BlockQ8_0>,
+                                      scores_queries<BlockQ4_0>,
+                                      accumulate_queries<BlockQ8_0>,
+                                      accumulate_queries<BlockQ4_0>};
   return &table;
 }
 

@@ -47,11 +47,29 @@ void accumulate(const float* p, const uint8_t* base, size_t stride, int first, s
   }
 }
 
+template <class Block>
+void scores_queries(const float* const* q, size_t nq, const uint8_t* base, size_t stride, int first,
+                    size_t n, size_t hd, float scale, float* const* out) {
+  scores_each<Block>(scalar_kv_attention(), q, nq, base, stride, first, n, hd, scale, out);
+}
+
+template <class Block>
+void accumulate_queries(const float* const* p, size_t nq, const uint8_t* base, size_t stride,
+                        int first, size_t n, size_t hd, float* const* out) {
+  accumulate_each<Block>(scalar_kv_attention(), p, nq, base, stride, first, n, hd, out);
+}
+
 }  // namespace
 
 const KvAttentionTable& scalar_kv_attention() {
-  static const KvAttentionTable table{scores<BlockQ8_0>, scores<BlockQ4_0>, accumulate<BlockQ8_0>,
-                                      accumulate<BlockQ4_0>};
+  static const KvAttentionTable table{scores<BlockQ8_0>,
+                                      scores<BlockQ4_0>,
+                                      accumulate<BlockQ8_0>,
+                                      accumulate<BlockQ4_0>,
+                                      scores_queries<BlockQ8_0>,
+                                      scores_queries<BlockQ4_0>,
+                                      accumulate_queries<BlockQ8_0>,
+                                      accumulate_queries<BlockQ4_0>};
   return table;
 }
 

@@ -15,12 +15,48 @@ using KvScoresFn = void (*)(const float* q, const uint8_t* base, size_t stride, 
 using KvAccumulateFn = void (*)(const float* p, const uint8_t* base, size_t stride, int first,
                                 size_t n, size_t hd, float* out);
 
+// The same for nq queries (or weight rows) over the same rows, each converted once for all.
+using KvScoresQueriesFn = void (*)(const float* const* q, size_t nq, const uint8_t* base,
+                                   size_t stride, int first, size_t n, size_t hd, float scale,
+                                   float* const* out);
+using KvAccumulateQueriesFn = void (*)(const float* const* p, size_t nq, const uint8_t* base,
+                                       size_t stride, int first, size_t n, size_t hd,
+                                       float* const* out);
+
 struct KvAttentionTable {
   KvScoresFn scores_q8_0;
   KvScoresFn scores_q4_0;
   KvAccumulateFn accumulate_q8_0;
   KvAccumulateFn accumulate_q4_0;
+  KvScoresQueriesFn scores_queries_q8_0;
+  KvScoresQueriesFn scores_queries_q4_0;
+  KvAccumulateQueriesFn accumulate_queries_q8_0;
+  KvAccumulateQueriesFn accumulate_queries_q4_0;
 };
+
+// Query by query through a table's single-query loop (where sharing a row's conversion does
+// not pay, or the lanes do not fit).
+template <class Block>
+void scores_each(const KvAttentionTable& t, const float* const* q, size_t nq, const uint8_t* base,
+                 size_t stride, int first, size_t n, size_t hd, float scale, float* const* out) {
+  const KvScoresFn f = std::is_same_v<Block, BlockQ8_0> ? t.scores_q8_0 : t.scores_q4_0;
+  for (size_t j = 0; j < nq; ++j) f(q[j], base, stride, first, n, hd, scale, out[j]);
+}
+template <class Block>
+void accumulate_each(const KvAttentionTable& t, const float* const* p, size_t nq,
+                     const uint8_t* base, size_t stride, int first, size_t n, size_t hd,
+                     float* const* out) {
+  const KvAccumulateFn f = std::is_same_v<Block, BlockQ8_0> ? t.accumulate_q8_0 : t.accumulate_q4_0;
+  for (size_t j = 0; j < nq; ++j) f(p[j], base, stride, first, n, hd, out[j]);
+}
+template <class Block>
+KvScoresQueriesFn scores_queries_for(const KvAttentionTable& t) {
+  return std::is_same_v<Block, BlockQ8_0> ? t.scores_queries_q8_0 : t.scores_queries_q4_0;
+}
+template <class Block>
+KvAccumulateQueriesFn accumulate_queries_for(const KvAttentionTable& t) {
+  return std::is_same_v<Block, BlockQ8_0> ? t.accumulate_queries_q8_0 : t.accumulate_queries_q4_0;
+}
 
 // A table's loops for Block (BlockQ8_0 or BlockQ4_0), for rows too narrow for wider lanes.
 template <class Block>

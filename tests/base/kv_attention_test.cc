@@ -155,6 +155,61 @@ TEST(KvAttention, ManyRowsAtOnceHaveTheBitsOfEachRowAlone) {
   }
 }
 
+// Several queries over the same rows (a GQA group, or sequences sharing a block) convert each
+// row once for all of them: every query's scores and sums have the bits of that query alone.
+TEST(KvAttention, QueriesTogetherHaveTheBitsOfEachAlone) {
+  IsaGuard guard;
+  for (Isa isa : supported_isas()) {
+    kernels::set_isa(isa);
+    for (DType t : {DType::Q8_0, DType::Q4_0}) {
+      for (const Layout& l : kLayouts) {
+        for (size_t n : {size_t{5}, size_t{16}, size_t{27}}) {
+          constexpr size_t kQueries = 5;
+          const Rows rows = make_rows(t, n, l.per_token, l.at, l.hd, 11 + l.at);
+          const size_t group_at = l.at / 32 * block_bytes(t);
+          const kernels::KvRows kv{t, rows.bytes.data() + group_at, rows.stride,
+                                   static_cast<int>(l.at % 32)};
+          std::vector<std::vector<float>> q, p, scores, alone(kQueries), sums, sums_alone;
+          std::vector<const float*> q_ptr, p_ptr;
+          std::vector<float*> score_ptr, sum_ptr;
+          for (size_t j = 0; j < kQueries; ++j) {
+            q.push_back(random_floats(l.hd, 40 + j));
+            p.push_back(random_floats(n, 50 + j));
+            scores.emplace_back(n);
+            sums.emplace_back(l.hd, 0.125f * j);
+          }
+          sums_alone = sums;
+          for (size_t j = 0; j < kQueries; ++j) {
+            q_ptr.push_back(q[j].data());
+            p_ptr.push_back(p[j].data());
+            score_ptr.push_back(scores[j].data());
+            sum_ptr.push_back(sums[j].data());
+          }
+          kernels::kv_scores_queries(kv, q_ptr.data(), kQueries, n, l.hd, 0.7f, score_ptr.data());
+          kernels::kv_accumulate_queries(kv, p_ptr.data(), kQueries, n, l.hd, sum_ptr.data());
+          const std::string where = std::string(kernels::isa_name(isa)) + " " +
+                                    std::string(dtype_name(t)) + " hd " + std::to_string(l.hd) +
+                                    " at " + std::to_string(l.at) + " n " + std::to_string(n);
+          for (size_t j = 0; j < kQueries; ++j) {
+            alone[j].resize(n);
+            kernels::kv_scores(kv, q[j].data(), n, l.hd, 0.7f, alone[j].data());
+            kernels::kv_accumulate(kv, p[j].data(), n, l.hd, sums_alone[j].data());
+            for (size_t i = 0; i < n; ++i) {
+              ASSERT_EQ(std::bit_cast<uint32_t>(scores[j][i]), std::bit_cast<uint32_t>(alone[j][i]))
+                  << where << " query " << j << " row " << i;
+            }
+            for (size_t e = 0; e < l.hd; ++e) {
+              ASSERT_EQ(std::bit_cast<uint32_t>(sums[j][e]),
+                        std::bit_cast<uint32_t>(sums_alone[j][e]))
+                  << where << " query " << j << " element " << e;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // f32 and f16 rows go to the existing kernels unchanged.
 TEST(KvAttention, F16RowsScoreAsTheF16Kernel) {
   const size_t hd = 64, n = 5;
