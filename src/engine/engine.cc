@@ -67,6 +67,9 @@ Engine::Engine(const model::LlamaModel& model, const model::Tokenizer& tokenizer
   const int threads =
       options_.threads > 0 ? options_.threads : std::max(1u, std::thread::hardware_concurrency());
   threads_ = std::make_unique<ThreadPool>(threads);
+  // Keys stored quantised are centred by a calibration pass: run it now rather than inside the
+  // first request's step (and before the cost model times passes).
+  if (block_elements(options_.kv_k_dtype) > 1) model_.key_centres(*threads_);
   {
     MutexLock lock(state_mu_);
     if (kv_->has_tiers()) calibrate_costs();
