@@ -22,16 +22,6 @@ inline __m256 lanes(const BlockQ8_0& b, int e) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
 }
 
-inline __m256 lanes(const BlockQ4_0& b, int e) {
-  __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qs + (e & 15)));
-  if (e >= 16) bytes = _mm_srli_epi16(bytes, 4);  // elements 16..31 are the high nibbles
-  bytes = _mm_and_si128(bytes, _mm_set1_epi8(0x0f));
-  const __m256i v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes), _mm256_set1_epi32(8));
-  return _mm256_cvtepi32_ps(v);
-}
-
-// One key row's 8 lanes of q . k, before the horizontal sum: per group, the lanes of q times
-// the group's values, then times the group's scale.
 // The values of a run of `count` (8, 16, 24 or 32) from element `first` of a group, eight
 // per vector, as floats: q8_0 widens each eight bytes; q4_0 turns the group's sixteen bytes
 // into signed values once (low nibbles, then high) and widens eight of them at a time.
@@ -52,6 +42,8 @@ inline void run_lanes(const BlockQ4_0& b, int first, int count, __m256* out) {
   }
 }
 
+// One key row's 8 lanes of q . k, before the horizontal sum: per group, the lanes of q times
+// the group's values, then times the group's scale.
 template <class Block>
 inline __m256 score_lanes(const Block* b, const float* q, size_t groups, int run, int first) {
   __m256 acc = _mm256_setzero_ps();
@@ -128,9 +120,11 @@ void accumulate(const float* p, const uint8_t* base, size_t stride, int first, s
   for (size_t t = 0; t < n; ++t) {  // a head of 8, 16 or 24 values inside one group
     const auto* b = reinterpret_cast<const Block*>(base + t * stride);
     const __m256 a = _mm256_set1_ps(p[t] * _cvtsh_ss(b->d));
+    __m256 v[4];
+    run_lanes(*b, first, static_cast<int>(hd), v);
     for (int e = 0; e < static_cast<int>(hd); e += 8) {
       float* o = out + e;
-      _mm256_storeu_ps(o, _mm256_fmadd_ps(a, lanes(*b, first + e), _mm256_loadu_ps(o)));
+      _mm256_storeu_ps(o, _mm256_fmadd_ps(a, v[e / 8], _mm256_loadu_ps(o)));
     }
   }
 }
@@ -145,7 +139,9 @@ inline void convert_row(const Block* b, size_t groups, int run, int first, float
                         float* d) {
   for (size_t g = 0; g < groups; ++g) {
     d[g] = _cvtsh_ss(b[g].d);
-    for (int e = 0; e < run; e += 8) _mm256_store_ps(values + g * run + e, lanes(b[g], first + e));
+    __m256 v[4];
+    run_lanes(b[g], first, run, v);
+    for (int e = 0; e < run; e += 8) _mm256_store_ps(values + g * run + e, v[e / 8]);
   }
 }
 
