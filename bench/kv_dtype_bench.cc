@@ -1,7 +1,6 @@
 #include "bench/kv_dtype_bench.h"
 
 #include <algorithm>
-#include <cmath>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -10,6 +9,7 @@
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "kv/kv_geometry.h"
+#include "model/kl_divergence.h"
 #include "model/llama_model.h"
 #include "model/perplexity.h"
 #include "model/sampled_text.h"
@@ -66,25 +66,16 @@ void run_kv_dtype_bench(const KvDtypeBenchOptions& options, std::ostream& out) {
     r.bytes_ratio = static_cast<double>(r.bytes_per_token) / static_cast<double>(f16_bytes);
     po.k_dtype = k;
     po.v_dtype = v;
-    std::vector<double> kl;
-    size_t agree = 0;
-    const model::PerplexityResult run =
-        model::perplexity(*model, threads, text, po, [&](std::span<const float> lp, int32_t) {
-          const std::vector<float>& b = base.at(kl.size());
-          double sum = 0.0;
-          for (size_t i = 0; i < b.size(); ++i) sum += std::exp(b[i]) * (b[i] - lp[i]);
-          kl.push_back(sum);
-          agree += std::max_element(b.begin(), b.end()) - b.begin() ==
-                           std::max_element(lp.begin(), lp.end()) - lp.begin()
-                       ? 1
-                       : 0;
-        });
+    model::KlAccumulator kl;
+    const model::PerplexityResult run = model::perplexity(
+        *model, threads, text, po,
+        [&](std::span<const float> lp, int32_t next) { kl.add(base.at(kl.tokens()), lp, next); });
+    const model::KlStats stats = kl.finish();
     r.ppl = run.ppl;
     r.ppl_error = run.ppl_error;
-    for (double x : kl) r.mean_kl += x / static_cast<double>(kl.size());
-    std::sort(kl.begin(), kl.end());
-    r.p99_kl = kl[std::min(kl.size() - 1, kl.size() * 99 / 100)];
-    r.top1 = static_cast<double>(agree) / static_cast<double>(kl.size());
+    r.mean_kl = stats.mean_kl;
+    r.p99_kl = stats.p99_kl;
+    r.top1 = stats.top1_agreement;
     results.push_back(r);
   }
   if (options.json) {

@@ -70,33 +70,19 @@ KlComparison::KlComparison(const std::string& path, uint32_t n_vocab, uint32_t c
   }
 }
 
-void KlComparison::add(std::span<const float> log_probs, int32_t next) {
-  int32_t base_next = 0;
-  if (kl_.size() >= stored_ || !get(in_, base_next) ||
-      !in_.read(reinterpret_cast<char*>(base_.data()),
-                static_cast<std::streamsize>(n_vocab_ * sizeof(float)))) {
-    fail("--kl-divergence-base {}: holds {} tokens, this run scores more", path_, stored_);
-  }
-  if (base_next != next) {
-    fail("--kl-divergence-base {}: scored token {} is {} there and {} here (another text?)", path_,
-         kl_.size(), base_next, next);
-  }
+void KlAccumulator::add(std::span<const float> base, std::span<const float> run, int32_t next) {
   double kl = 0.0;
-  for (size_t i = 0; i < n_vocab_; ++i) {
-    const double lp = base_[i];
-    kl += std::exp(lp) * (lp - static_cast<double>(log_probs[i]));
+  for (size_t i = 0; i < base.size(); ++i) {
+    const double lp = base[i];
+    kl += std::exp(lp) * (lp - static_cast<double>(run[i]));
   }
   kl_.push_back(std::max(0.0, kl));
-  agree_ += argmax(base_) == argmax(log_probs) ? 1 : 0;
-  base_nll_ -= base_[static_cast<size_t>(next)];
-  nll_ -= log_probs[static_cast<size_t>(next)];
+  agree_ += argmax(base) == argmax(run) ? 1 : 0;
+  base_nll_ -= base[static_cast<size_t>(next)];
+  nll_ -= run[static_cast<size_t>(next)];
 }
 
-KlStats KlComparison::finish() {
-  if (kl_.size() != stored_) {
-    fail("--kl-divergence-base {}: holds {} tokens, this run scored {}", path_, stored_,
-         kl_.size());
-  }
+KlStats KlAccumulator::finish() const {
   KlStats s;
   s.tokens = kl_.size();
   if (kl_.empty()) return s;
@@ -112,6 +98,28 @@ KlStats KlComparison::finish() {
   s.ppl = std::exp(nll_ / n);
   s.ppl_ratio = s.ppl / s.base_ppl;
   return s;
+}
+
+void KlComparison::add(std::span<const float> log_probs, int32_t next) {
+  int32_t base_next = 0;
+  if (stats_.tokens() >= stored_ || !get(in_, base_next) ||
+      !in_.read(reinterpret_cast<char*>(base_.data()),
+                static_cast<std::streamsize>(n_vocab_ * sizeof(float)))) {
+    fail("--kl-divergence-base {}: holds {} tokens, this run scores more", path_, stored_);
+  }
+  if (base_next != next) {
+    fail("--kl-divergence-base {}: scored token {} is {} there and {} here (another text?)", path_,
+         stats_.tokens(), base_next, next);
+  }
+  stats_.add(base_, log_probs, next);
+}
+
+KlStats KlComparison::finish() {
+  if (stats_.tokens() != stored_) {
+    fail("--kl-divergence-base {}: holds {} tokens, this run scored {}", path_, stored_,
+         stats_.tokens());
+  }
+  return stats_.finish();
 }
 
 }  // namespace kvc::model

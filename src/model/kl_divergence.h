@@ -45,6 +45,24 @@ struct KlStats {
   double ppl_ratio = 0.0;       // ppl / base_ppl
 };
 
+// The figures of a run's distributions against a reference's, token by token, in memory.
+class KlAccumulator {
+ public:
+  // Adds one scored token: the reference's and this run's log-probabilities over the same
+  // vocabulary, and the token that follows.
+  void add(std::span<const float> base, std::span<const float> run, int32_t next);
+  // Tokens added so far.
+  uint64_t tokens() const { return kl_.size(); }
+  // The figures over every token added (all zero when none was).
+  KlStats finish() const;
+
+ private:
+  std::vector<double> kl_;
+  uint64_t agree_ = 0;
+  double base_nll_ = 0.0, nll_ = 0.0;
+};
+
+// A KlAccumulator fed from a base file written by LogProbWriter.
 class KlComparison {
  public:
   // Opens a base file; throws Error naming the file when it is missing, malformed or made for
@@ -62,9 +80,7 @@ class KlComparison {
   uint32_t n_vocab_;
   uint64_t stored_ = 0;
   std::vector<float> base_;
-  std::vector<double> kl_;
-  uint64_t agree_ = 0;
-  double base_nll_ = 0.0, nll_ = 0.0;
+  KlAccumulator stats_;
 };
 
 }  // namespace kvc::model

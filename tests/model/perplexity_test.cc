@@ -124,5 +124,30 @@ TEST(Perplexity, KlDivergenceAgainstASavedRun) {
                Error);
 }
 
+// The in-memory figures from hand-computed distributions: KL(base || run) per token, its
+// percentiles, top-1 agreement and both perplexities over the tokens that follow.
+TEST(Perplexity, KlAccumulatorFiguresFromKnownDistributions) {
+  const auto logs = [](std::vector<double> p) {
+    std::vector<float> lp;
+    for (double x : p) lp.push_back(static_cast<float>(std::log(x)));
+    return lp;
+  };
+  KlAccumulator kl;
+  EXPECT_EQ(kl.finish().tokens, 0u);
+  const std::vector<float> base1 = logs({0.5, 0.25, 0.25}), run1 = logs({0.25, 0.5, 0.25});
+  const std::vector<float> base2 = logs({0.1, 0.2, 0.7});
+  kl.add(base1, run1, 0);   // KL = 0.5 ln 2 - 0.25 ln 2 = 0.25 ln 2; top-1 differs
+  kl.add(base2, base2, 2);  // identical: KL 0, top-1 agrees
+  const KlStats s = kl.finish();
+  EXPECT_EQ(s.tokens, 2u);
+  EXPECT_NEAR(s.mean_kl, 0.125 * std::log(2.0), 1e-6);
+  EXPECT_NEAR(s.max_kl, 0.25 * std::log(2.0), 1e-6);
+  EXPECT_EQ(s.p99_kl, s.max_kl);
+  EXPECT_EQ(s.top1_agreement, 0.5);
+  EXPECT_NEAR(s.base_ppl, std::exp(-(std::log(0.5) + std::log(0.7)) / 2), 1e-5);
+  EXPECT_NEAR(s.ppl, std::exp(-(std::log(0.25) + std::log(0.7)) / 2), 1e-5);
+  EXPECT_NEAR(s.ppl_ratio, s.ppl / s.base_ppl, 1e-12);
+}
+
 }  // namespace
 }  // namespace kvc::model

@@ -1,0 +1,248 @@
+// The quantised attention loops, written once over an instruction set's vectors (internal to
+// base/).
+//
+// Included by kv_attention_avx2.cc and kv_attention_avx512.cc inside their target pragma and
+// anonymous namespace, after their Lanes: a vector type Vec of kWidth floats with zero, set1,
+// load, store (unaligned), fma, hsum and hsum8 (eight sums reduced together in hsum's own lane
+// order); run(block, first, count, out), the `count` values (a multiple of kWidth) of a group
+// from element `first` as count / kWidth vectors of floats; and narrower(), the table for rows
+// whose length is not a multiple of kWidth. kv_attention_table<Lanes>() is their table. Each
+// loop's bits are fixed by the order of its fused multiply-adds, which the comments state.
+// It includes nothing itself.
+#pragma once
+
+template <class Lanes>
+const KvAttentionTable& kv_attention_table();
+
+// A row is hd / 32 whole groups, or one run of hd values from element `first` of one group.
+struct RowShape {
+  size_t groups;
+  int run;
+};
+
+inline RowShape row_shape(size_t hd) {
+  return hd >= 32 ? RowShape{hd / 32, 32} : RowShape{1, static_cast<int>(hd)};
+}
+
+// One key row's lanes of q . k, before the horizontal sum: per group, the lanes of q times the
+// group's values (fused, in element order), then times the group's scale.
+template <class Lanes, class Block>
+inline typename Lanes::Vec score_lanes(const Block* b, const float* q, RowShape s, int first) {
+  constexpr int kWidth = static_cast<int>(Lanes::kWidth);
+  typename Lanes::Vec acc = Lanes::zero();
+  for (size_t g = 0; g < s.groups; ++g) {
+    typename Lanes::Vec values[32 / kWidth];
+    Lanes::run(b[g], first, s.run, values);
+    typename Lanes::Vec sum = Lanes::zero();
+    for (int e = 0; e < s.run; e += kWidth) {
+      sum = Lanes::fma(values[e / kWidth], Lanes::load(q + g * 32 + e), sum);
+    }
+    acc = Lanes::fma(Lanes::set1(_cvtsh_ss(b[g].d)), sum, acc);
+  }
+  return acc;
+}
+
+template <class Lanes, class Block>
+void scores(const float* q, const uint8_t* base, size_t stride, int first, size_t n, size_t hd,
+            float scale, float* out) {
+  if (hd % Lanes::kWidth != 0) {
+    scores_for<Block>(Lanes::narrower())(q, base, stride, first, n, hd, scale, out);
+    return;
+  }
+  const RowShape s = row_shape(hd);
+  const auto row = [&](size_t t) { return reinterpret_cast<const Block*>(base + t * stride); };
+  size_t t = 0;
+  // Eight keys share one folded horizontal sum (the same bits as each summed alone).
+  for (; t + 8 <= n; t += 8) {
+    typename Lanes::Vec acc[8];
+    for (int k = 0; k < 8; ++k) acc[k] = score_lanes<Lanes>(row(t + k), q, s, first);
+    float sums[8];
+    Lanes::hsum8(acc, sums);
+    for (int k = 0; k < 8; ++k) out[t + k] = sums[k] * scale;
+  }
+  for (; t < n; ++t) out[t] = Lanes::hsum(score_lanes<Lanes>(row(t), q, s, first)) * scale;
+}
+
+// out's values of G whole groups (32 values each, from group g0) kept in registers over all n
+// rows: per value, out += (p[t] * scale) * value in row order, as updating out in memory row
+// by row would.
+template <class Lanes, class Block, int G>
+void accumulate_groups(const float* p, const uint8_t* base, size_t stride, size_t n, size_t g0,
+                       float* out) {
+  constexpr int kPerGroup = 32 / static_cast<int>(Lanes::kWidth);
+  typename Lanes::Vec o[kPerGroup * G];
+  for (int i = 0; i < kPerGroup * G; ++i) o[i] = Lanes::load(out + g0 * 32 + i * Lanes::kWidth);
+  for (size_t t = 0; t < n; ++t) {
+    const auto* b = reinterpret_cast<const Block*>(base + t * stride) + g0;
+    for (int g = 0; g < G; ++g) {
+      const typename Lanes::Vec a = Lanes::set1(p[t] * _cvtsh_ss(b[g].d));
+      typename Lanes::Vec values[kPerGroup];
+      Lanes::run(b[g], 0, 32, values);
+      for (int e = 0; e < kPerGroup; ++e) {
+        o[kPerGroup * g + e] = Lanes::fma(a, values[e], o[kPerGroup * g + e]);
+      }
+    }
+  }
+  for (int i = 0; i < kPerGroup * G; ++i) Lanes::store(out + g0 * 32 + i * Lanes::kWidth, o[i]);
+}
+
+// Groups from g on, G at a time, then fewer: eight output registers at most.
+template <class Lanes, class Block, int G>
+void accumulate_group_runs(const float* p, const uint8_t* base, size_t stride, size_t n, size_t g,
+                           size_t groups, float* out) {
+  for (; g + G <= groups; g += G) accumulate_groups<Lanes, Block, G>(p, base, stride, n, g, out);
+  if constexpr (G > 1) {
+    accumulate_group_runs<Lanes, Block, G / 2>(p, base, stride, n, g, groups, out);
+  }
+}
+
+template <class Lanes, class Block>
+void accumulate(const float* p, const uint8_t* base, size_t stride, int first, size_t n, size_t hd,
+                float* out) {
+  constexpr size_t kWidth = Lanes::kWidth;
+  if (hd % kWidth != 0) {
+    accumulate_for<Block>(Lanes::narrower())(p, base, stride, first, n, hd, out);
+    return;
+  }
+  if (hd >= 32) {
+    constexpr int kMaxGroups = static_cast<int>(8 * kWidth / 32);
+    accumulate_group_runs<Lanes, Block, kMaxGroups>(p, base, stride, n, 0, hd / 32, out);
+    return;
+  }
+  // A head shorter than a group: a run of hd values inside one group, in registers.
+  const int chunks = static_cast<int>(hd / kWidth);
+  typename Lanes::Vec o[32 / kWidth];
+  for (int c = 0; c < chunks; ++c) o[c] = Lanes::load(out + c * kWidth);
+  for (size_t t = 0; t < n; ++t) {
+    const auto* b = reinterpret_cast<const Block*>(base + t * stride);
+    const typename Lanes::Vec a = Lanes::set1(p[t] * _cvtsh_ss(b->d));
+    typename Lanes::Vec values[32 / kWidth];
+    Lanes::run(*b, first, static_cast<int>(hd), values);
+    for (int c = 0; c < chunks; ++c) o[c] = Lanes::fma(a, values[c], o[c]);
+  }
+  for (int c = 0; c < chunks; ++c) Lanes::store(out + c * kWidth, o[c]);
+}
+
+// Rows whose values are converted once for several queries hold at most this many values.
+constexpr size_t kMaxConvertedRow = 256;
+
+// A row's values as floats (group after group, `run` values each, from element `first`) and
+// each group's scale: what score_lanes and accumulate convert, kept for several queries.
+template <class Lanes, class Block>
+inline void convert_row(const Block* b, RowShape s, int first, float* values, float* d) {
+  constexpr int kWidth = static_cast<int>(Lanes::kWidth);
+  for (size_t g = 0; g < s.groups; ++g) {
+    d[g] = _cvtsh_ss(b[g].d);
+    typename Lanes::Vec v[32 / kWidth];
+    Lanes::run(b[g], first, s.run, v);
+    for (int e = 0; e < s.run; e += kWidth) Lanes::store(values + g * s.run + e, v[e / kWidth]);
+  }
+}
+
+// score_lanes over a converted row: the same multiply-adds of the same values.
+template <class Lanes>
+inline typename Lanes::Vec score_converted(const float* values, const float* d, const float* q,
+                                           RowShape s) {
+  constexpr int kWidth = static_cast<int>(Lanes::kWidth);
+  typename Lanes::Vec acc = Lanes::zero();
+  for (size_t g = 0; g < s.groups; ++g) {
+    typename Lanes::Vec sum = Lanes::zero();
+    for (int e = 0; e < s.run; e += kWidth) {
+      sum = Lanes::fma(Lanes::load(values + g * s.run + e), Lanes::load(q + g * 32 + e), sum);
+    }
+    acc = Lanes::fma(Lanes::set1(d[g]), sum, acc);
+  }
+  return acc;
+}
+
+template <class Lanes, class Block>
+void scores_queries(const float* const* q, size_t nq, const uint8_t* base, size_t stride, int first,
+                    size_t n, size_t hd, float scale, float* const* out) {
+  if (hd % Lanes::kWidth != 0) {
+    scores_queries_for<Block>(Lanes::narrower())(q, nq, base, stride, first, n, hd, scale, out);
+    return;
+  }
+  if (nq == 1 || hd > kMaxConvertedRow) {
+    scores_each<Block>(kv_attention_table<Lanes>(), q, nq, base, stride, first, n, hd, scale, out);
+    return;
+  }
+  const RowShape s = row_shape(hd);
+  const auto row = [&](size_t t) { return reinterpret_cast<const Block*>(base + t * stride); };
+  alignas(64) float values[8 * kMaxConvertedRow];
+  float d[8 * kMaxConvertedRow / 32];
+  size_t t = 0;
+  // Eight keys converted once, then scored for every query, their sums folded together.
+  for (; t + 8 <= n; t += 8) {
+    for (int k = 0; k < 8; ++k) {
+      convert_row<Lanes>(row(t + k), s, first, values + k * hd, d + k * s.groups);
+    }
+    for (size_t j = 0; j < nq; ++j) {
+      typename Lanes::Vec acc[8];
+      for (int k = 0; k < 8; ++k) {
+        acc[k] = score_converted<Lanes>(values + k * hd, d + k * s.groups, q[j], s);
+      }
+      float sums[8];
+      Lanes::hsum8(acc, sums);
+      for (int k = 0; k < 8; ++k) out[j][t + k] = sums[k] * scale;
+    }
+  }
+  for (; t < n; ++t) {
+    convert_row<Lanes>(row(t), s, first, values, d);
+    for (size_t j = 0; j < nq; ++j) {
+      out[j][t] = Lanes::hsum(score_converted<Lanes>(values, d, q[j], s)) * scale;
+    }
+  }
+}
+
+template <class Lanes, class Block>
+void accumulate_queries(const float* const* p, size_t nq, const uint8_t* base, size_t stride,
+                        int first, size_t n, size_t hd, float* const* out) {
+  constexpr int kWidth = static_cast<int>(Lanes::kWidth);
+  if (hd % kWidth != 0) {
+    accumulate_queries_for<Block>(Lanes::narrower())(p, nq, base, stride, first, n, hd, out);
+    return;
+  }
+  if (nq == 1 || hd > kMaxConvertedRow) {
+    accumulate_each<Block>(kv_attention_table<Lanes>(), p, nq, base, stride, first, n, hd, out);
+    return;
+  }
+  const RowShape s = row_shape(hd);
+  alignas(64) float values[8 * kMaxConvertedRow];
+  float d[8 * kMaxConvertedRow / 32];
+  // Up to eight rows converted once; each query's sums then take them in row order, as
+  // accumulate does row by row.
+  for (size_t t0 = 0; t0 < n; t0 += 8) {
+    const size_t m = std::min<size_t>(8, n - t0);
+    for (size_t k = 0; k < m; ++k) {
+      const auto* b = reinterpret_cast<const Block*>(base + (t0 + k) * stride);
+      convert_row<Lanes>(b, s, first, values + k * hd, d + k * s.groups);
+    }
+    for (size_t j = 0; j < nq; ++j) {
+      for (size_t g = 0; g < s.groups; ++g) {
+        for (int e = 0; e < s.run; e += kWidth) {
+          float* o = out[j] + g * 32 + e;
+          typename Lanes::Vec sum = Lanes::load(o);
+          for (size_t k = 0; k < m; ++k) {
+            const typename Lanes::Vec a = Lanes::set1(p[j][t0 + k] * d[k * s.groups + g]);
+            sum = Lanes::fma(a, Lanes::load(values + k * hd + g * s.run + e), sum);
+          }
+          Lanes::store(o, sum);
+        }
+      }
+    }
+  }
+}
+
+// The table of these loops for one instruction set.
+template <class Lanes>
+const KvAttentionTable& kv_attention_table() {
+  static const KvAttentionTable table{scores<Lanes, BlockQ8_0>,
+                                      scores<Lanes, BlockQ4_0>,
+                                      accumulate<Lanes, BlockQ8_0>,
+                                      accumulate<Lanes, BlockQ4_0>,
+                                      scores_queries<Lanes, BlockQ8_0>,
+                                      scores_queries<Lanes, BlockQ4_0>,
+                                      accumulate_queries<Lanes, BlockQ8_0>,
+                                      accumulate_queries<Lanes, BlockQ4_0>};
+  return table;
+}
