@@ -21,6 +21,9 @@ namespace {
 struct Lanes {
   using Vec = __m256;
   static constexpr size_t kWidth = 8;
+  // Several queries' weighted sums: panels of kPanel vectors, kGroup queries at a time (their
+  // outputs, the panel's values and a broadcast fill the registers).
+  static constexpr int kPanel = 2, kGroup = 6;
   static Vec zero() { return _mm256_setzero_ps(); }
   static Vec set1(float x) { return _mm256_set1_ps(x); }
   static Vec load(const float* p) { return _mm256_loadu_ps(p); }

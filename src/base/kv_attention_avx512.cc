@@ -20,6 +20,9 @@ namespace {
 struct Lanes {
   using Vec = __m512;
   static constexpr size_t kWidth = 16;
+  // Several queries' weighted sums: panels of kPanel vectors, kGroup queries at a time (their
+  // outputs, the panel's values and a broadcast fill the registers).
+  static constexpr int kPanel = 4, kGroup = 6;
   static Vec zero() { return _mm512_setzero_ps(); }
   static Vec set1(float x) { return _mm512_set1_ps(x); }
   static Vec load(const float* p) { return _mm512_loadu_ps(p); }

@@ -194,7 +194,72 @@ void scores_queries(const float* const* q, size_t nq, const uint8_t* base, size_
   }
 }
 
-template <class Lanes, class Block>
+// accumulate for G queries over the same n rows, a panel of kPanel vectors from value c0 (the
+// panel is a run inside one group, or whole groups): each row's panel is converted once for
+// all G queries, whose outputs stay in registers, and every output lane takes the same fused
+// multiply-adds, out += (p[t] * scale) * value in row order, as accumulate alone.
+template <class Lanes, class Block, int kPanel, int G>
+void accumulate_panel(const float* const* p, const uint8_t* base, size_t stride, size_t n,
+                      size_t c0, float* const* out) {
+  constexpr int kWidth = static_cast<int>(Lanes::kWidth);
+  constexpr int kValues = kPanel * kWidth;
+  constexpr int kGroups = kValues >= 32 ? kValues / 32 : 1;
+  constexpr int kRun = kValues >= 32 ? 32 : kValues;  // values of one group in the panel
+  constexpr int kPerGroup = kRun / kWidth;
+  const size_t g0 = c0 / 32;
+  const int first = static_cast<int>(c0 % 32);
+  typename Lanes::Vec o[G][kPanel];
+  for (int j = 0; j < G; ++j)
+    for (int c = 0; c < kPanel; ++c) o[j][c] = Lanes::load(out[j] + c0 + kWidth * c);
+  for (size_t t = 0; t < n; ++t) {
+    const auto* b = reinterpret_cast<const Block*>(base + t * stride) + g0;
+    typename Lanes::Vec x[kPanel];
+    float d[kGroups];
+    for (int g = 0; g < kGroups; ++g) {
+      Lanes::run(b[g], first, kRun, x + g * kPerGroup);
+      d[g] = _cvtsh_ss(b[g].d);
+    }
+    for (int j = 0; j < G; ++j) {
+      for (int g = 0; g < kGroups; ++g) {
+        const typename Lanes::Vec a = Lanes::set1(p[j][t] * d[g]);
+        for (int e = 0; e < kPerGroup; ++e) {
+          o[j][g * kPerGroup + e] = Lanes::fma(a, x[g * kPerGroup + e], o[j][g * kPerGroup + e]);
+        }
+      }
+    }
+  }
+  for (int j = 0; j < G; ++j)
+    for (int c = 0; c < kPanel; ++c) Lanes::store(out[j] + c0 + kWidth * c, o[j][c]);
+}
+
+// The last rest < G queries of a panel as one group of that many.
+template <class Lanes, class Block, int kPanel, int G>
+void accumulate_panel_rest(size_t rest, const float* const* p, const uint8_t* base, size_t stride,
+                           size_t n, size_t c0, float* const* out) {
+  if constexpr (G > 1) {
+    if (rest == G - 1) {
+      accumulate_panel<Lanes, Block, kPanel, G - 1>(p, base, stride, n, c0, out);
+    } else {
+      accumulate_panel_rest<Lanes, Block, kPanel, G - 1>(rest, p, base, stride, n, c0, out);
+    }
+  }
+}
+
+// Every query over the panel at c0, G at a time.
+template <class Lanes, class Block, int kPanel, int G>
+void accumulate_panel_queries(const float* const* p, size_t nq, const uint8_t* base, size_t stride,
+                              size_t n, size_t c0, float* const* out) {
+  size_t j = 0;
+  for (; j + G <= nq; j += G)
+    accumulate_panel<Lanes, Block, kPanel, G>(p + j, base, stride, n, c0, out + j);
+  accumulate_panel_rest<Lanes, Block, kPanel, G>(nq - j, p + j, base, stride, n, c0, out + j);
+}
+
+// accumulate for nq weight rows p[j] into out[j] over the same rows, each out[j] with the bits
+// of accumulate alone. Rows of whole groups go panel by panel (kPanel vectors, then half that
+// for a last narrower one), kGroup queries at a time; a shorter head converts up to eight rows
+// once and then takes each query's sums in row order.
+template <class Lanes, class Block, int kPanel, int kGroup>
 void accumulate_queries(const float* const* p, size_t nq, const uint8_t* base, size_t stride,
                         int first, size_t n, size_t hd, float* const* out) {
   constexpr int kWidth = static_cast<int>(Lanes::kWidth);
@@ -202,32 +267,41 @@ void accumulate_queries(const float* const* p, size_t nq, const uint8_t* base, s
     accumulate_queries_for<Block>(Lanes::narrower())(p, nq, base, stride, first, n, hd, out);
     return;
   }
-  if (nq == 1 || hd > kMaxConvertedRow) {
+  if (nq == 1) {
     accumulate_each<Block>(kv_attention_table<Lanes>(), p, nq, base, stride, first, n, hd, out);
     return;
   }
+  if (hd >= 32) {
+    constexpr size_t kValues = kPanel * kWidth;
+    size_t c0 = 0;
+    for (; c0 + kValues <= hd; c0 += kValues) {
+      accumulate_panel_queries<Lanes, Block, kPanel, kGroup>(p, nq, base, stride, n, c0, out);
+    }
+    if constexpr (kPanel > 1) {
+      for (; c0 < hd; c0 += kValues / 2) {
+        accumulate_panel_queries<Lanes, Block, kPanel / 2, kGroup>(p, nq, base, stride, n, c0, out);
+      }
+    }
+    return;
+  }
   const RowShape s = row_shape(hd);
-  alignas(64) float values[8 * kMaxConvertedRow];
-  float d[8 * kMaxConvertedRow / 32];
-  // Up to eight rows converted once; each query's sums then take them in row order, as
-  // accumulate does row by row.
+  alignas(64) float values[8 * 32];
+  float d[8];
   for (size_t t0 = 0; t0 < n; t0 += 8) {
     const size_t m = std::min<size_t>(8, n - t0);
     for (size_t k = 0; k < m; ++k) {
       const auto* b = reinterpret_cast<const Block*>(base + (t0 + k) * stride);
-      convert_row<Lanes>(b, s, first, values + k * hd, d + k * s.groups);
+      convert_row<Lanes>(b, s, first, values + k * hd, d + k);
     }
     for (size_t j = 0; j < nq; ++j) {
-      for (size_t g = 0; g < s.groups; ++g) {
-        for (int e = 0; e < s.run; e += kWidth) {
-          float* o = out[j] + g * 32 + e;
-          typename Lanes::Vec sum = Lanes::load(o);
-          for (size_t k = 0; k < m; ++k) {
-            const typename Lanes::Vec a = Lanes::set1(p[j][t0 + k] * d[k * s.groups + g]);
-            sum = Lanes::fma(a, Lanes::load(values + k * hd + g * s.run + e), sum);
-          }
-          Lanes::store(o, sum);
+      for (int e = 0; e < s.run; e += kWidth) {
+        float* o = out[j] + e;
+        typename Lanes::Vec sum = Lanes::load(o);
+        for (size_t k = 0; k < m; ++k) {
+          const typename Lanes::Vec a = Lanes::set1(p[j][t0 + k] * d[k]);
+          sum = Lanes::fma(a, Lanes::load(values + k * hd + e), sum);
         }
+        Lanes::store(o, sum);
       }
     }
   }
@@ -236,13 +310,14 @@ void accumulate_queries(const float* const* p, size_t nq, const uint8_t* base, s
 // The table of these loops for one instruction set.
 template <class Lanes>
 const KvAttentionTable& kv_attention_table() {
-  static const KvAttentionTable table{scores<Lanes, BlockQ8_0>,
-                                      scores<Lanes, BlockQ4_0>,
-                                      accumulate<Lanes, BlockQ8_0>,
-                                      accumulate<Lanes, BlockQ4_0>,
-                                      scores_queries<Lanes, BlockQ8_0>,
-                                      scores_queries<Lanes, BlockQ4_0>,
-                                      accumulate_queries<Lanes, BlockQ8_0>,
-                                      accumulate_queries<Lanes, BlockQ4_0>};
+  static const KvAttentionTable table{
+      scores<Lanes, BlockQ8_0>,
+      scores<Lanes, BlockQ4_0>,
+      accumulate<Lanes, BlockQ8_0>,
+      accumulate<Lanes, BlockQ4_0>,
+      scores_queries<Lanes, BlockQ8_0>,
+      scores_queries<Lanes, BlockQ4_0>,
+      accumulate_queries<Lanes, BlockQ8_0, Lanes::kPanel, Lanes::kGroup>,
+      accumulate_queries<Lanes, BlockQ4_0, Lanes::kPanel, Lanes::kGroup>};
   return table;
 }
