@@ -5,8 +5,11 @@
 // Lanes: a vector type Vec of kWidth floats with load, store, set1, fma and load_f16; dot_f16,
 // the lanes of its single-row f16 dot before the horizontal sum (and where its scalar tail
 // starts); and hsum8, eight such sums reduced together in hsum's own lane order. Each loop
-// keeps the bits of the row-at-a-time loop it replaces. It includes nothing itself.
+// keeps the bits of the row-at-a-time loop it replaces. It includes only transposed_scores.h,
+// written under the same rules.
 #pragma once
+
+#include "base/transposed_scores.h"
 
 // accumulate_f16 with out held in registers across the n rows, a panel of up to eight vectors
 // at a time: each lane takes the same fused multiply-adds in row order, so the bits are those
@@ -86,38 +89,6 @@ void accumulate_f16_queries(const float* const* p, size_t nq, const uint16_t* v,
     }
     accumulate_f16_rest<Lanes, kPanel, kGroup>(nq - j, p + j, v, n, hd, c0, out + j);
   }
-}
-
-// One query's scores for kWidth transposed keys (see scores_f16_transposed); kChunks is hd /
-// kWidth when known at compile time (every loop unrolled, the lanes kept in registers), else 0.
-template <class Lanes, size_t kChunks>
-void scores_of_transposed_keys(const float* qj, const float* kt, size_t chunks, float scale,
-                               float* out) {
-  constexpr size_t kWidth = Lanes::kWidth;
-  const size_t n_chunks = kChunks > 0 ? kChunks : chunks;
-  typename Lanes::Vec s[kWidth];
-#pragma GCC unroll 16
-  for (size_t l = 0; l < kWidth; ++l) {
-    typename Lanes::Vec a0 = Lanes::set1(0.0f), a1 = Lanes::set1(0.0f);
-    size_t c = 0;
-#pragma GCC unroll 16
-    for (; c + 2 <= n_chunks; c += 2) {
-      const size_t d = c * kWidth + l;
-      a0 = Lanes::fma(Lanes::load(kt + d * kWidth), Lanes::set1(qj[d]), a0);
-      a1 = Lanes::fma(Lanes::load(kt + (d + kWidth) * kWidth), Lanes::set1(qj[d + kWidth]), a1);
-    }
-    if (c < n_chunks) {
-      const size_t d = c * kWidth + l;
-      a0 = Lanes::fma(Lanes::load(kt + d * kWidth), Lanes::set1(qj[d]), a0);
-    }
-    s[l] = Lanes::add(a0, a1);
-  }
-#pragma GCC unroll 8
-  for (size_t half = kWidth / 2; half >= 1; half /= 2) {
-#pragma GCC unroll 8
-    for (size_t l = 0; l < half; ++l) s[l] = Lanes::add(s[l], s[l + half]);
-  }
-  Lanes::store(out, Lanes::mul(s[0], Lanes::set1(scale)));
 }
 
 // Scores of nq queries against the same n keys, kWidth keys to a vector, for hd a multiple of

@@ -130,8 +130,9 @@ size_t activation_row_bytes(DType w, size_t n) {
   return row_bytes(activation_type(w), n);
 }
 
-// Raised whenever any kernel's results change bits (2: softmax's own exponential).
-constexpr int kArithmeticVersion = 2;
+// Raised whenever any kernel's results change bits (2: softmax's own exponential; 3: quantised
+// keys scored over their exact values, as f32 keys are).
+constexpr int kArithmeticVersion = 3;
 
 std::string arithmetic_identity() {
   return std::string(isa_name(active_isa())) + "/" + std::to_string(kArithmeticVersion);

@@ -15,6 +15,7 @@ namespace kvc::kernels {
 namespace {
 
 #include "base/simd_reduce.h"
+#include "base/simd_transpose.h"
 
 inline __m256 load_bf16(const uint16_t* p) {
   __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -213,23 +214,9 @@ struct Lanes {
   static Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
   // kt[d * 8 + t] = row t's value d, for 8 rows of 8 f16 values (row t at k + t * stride).
   static void transpose_f16(const uint16_t* k, size_t stride, float* kt) {
-    Vec r[8], t[8];
+    Vec r[8];
     for (int i = 0; i < 8; ++i) r[i] = load_f16(k + i * stride);
-    for (int i = 0; i < 4; ++i) {
-      t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-      t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    // r[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c.
-    for (int i = 0; i < 2; ++i) {
-      r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-      r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-      r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-      r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int c = 0; c < 4; ++c) {
-      _mm256_store_ps(kt + c * 8, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
-      _mm256_store_ps(kt + (4 + c) * 8, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
-    }
+    transpose8x8(r, kt);
   }
 };
 

@@ -16,6 +16,8 @@ namespace {
 
 #include "base/simd_reduce.h"
 #include "base/simd_reduce_avx512.h"
+#include "base/simd_transpose.h"
+#include "base/simd_transpose_avx512.h"
 
 inline __m512 load_f16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -215,29 +217,9 @@ struct Lanes {
   static Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
   // kt[d * 16 + t] = row t's value d, for 16 rows of 16 f16 values (row t at k + t * stride).
   static void transpose_f16(const uint16_t* k, size_t stride, float* kt) {
-    Vec r[16], t[16];
+    Vec r[16];
     for (int i = 0; i < 16; ++i) r[i] = load_f16(k + i * stride);
-    for (int i = 0; i < 8; ++i) {
-      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    // r[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c.
-    for (int i = 0; i < 4; ++i) {
-      r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-      r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-      r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-      r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int c = 0; c < 4; ++c) {
-      const Vec even_a = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
-      const Vec even_b = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
-      const Vec odd_a = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
-      const Vec odd_b = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
-      _mm512_store_ps(kt + c * 16, _mm512_shuffle_f32x4(even_a, even_b, 0x88));
-      _mm512_store_ps(kt + (8 + c) * 16, _mm512_shuffle_f32x4(even_a, even_b, 0xdd));
-      _mm512_store_ps(kt + (4 + c) * 16, _mm512_shuffle_f32x4(odd_a, odd_b, 0x88));
-      _mm512_store_ps(kt + (12 + c) * 16, _mm512_shuffle_f32x4(odd_a, odd_b, 0xdd));
-    }
+    transpose16x16(r, kt);
   }
 };
 

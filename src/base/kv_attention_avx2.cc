@@ -16,6 +16,8 @@ namespace kvc::kernels {
 namespace {
 
 #include "base/simd_reduce.h"
+#include "base/simd_transpose.h"
+#include "base/transposed_scores.h"
 
 // The 8-float vectors kv_attention_lanes.h is written over.
 struct Lanes {
@@ -29,6 +31,9 @@ struct Lanes {
   static Vec load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
   static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+  static Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+  static void transpose(Vec r[8], float* kt) { transpose8x8(r, kt); }
   static float hsum(Vec v) { return hsum256(v); }
   static void hsum8(const Vec v[8], float out[8]) { hsum256x8(v, out); }
   // q8_0: each eight bytes widened.

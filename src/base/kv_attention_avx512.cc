@@ -15,6 +15,9 @@ namespace {
 
 #include "base/simd_reduce.h"
 #include "base/simd_reduce_avx512.h"
+#include "base/simd_transpose.h"
+#include "base/simd_transpose_avx512.h"
+#include "base/transposed_scores.h"
 
 // The 16-float vectors kv_attention_lanes.h is written over.
 struct Lanes {
@@ -28,6 +31,9 @@ struct Lanes {
   static Vec load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
   static Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+  static Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+  static void transpose(Vec r[16], float* kt) { transpose16x16(r, kt); }
   static float hsum(Vec v) { return hsum512(v); }
   static void hsum8(const Vec v[8], float out[8]) { hsum512x8(v, out); }
   // q8_0: each sixteen bytes widened.

@@ -2,13 +2,14 @@
 // base/).
 //
 // Included by kv_attention_avx2.cc and kv_attention_avx512.cc inside their target pragma and
-// anonymous namespace, after their Lanes: a vector type Vec of kWidth floats with zero, set1,
-// load, store (unaligned), fma, hsum and hsum8 (eight sums reduced together in hsum's own lane
-// order); run(block, first, count, out), the `count` values (a multiple of kWidth) of a group
-// from element `first` as count / kWidth vectors of floats; and narrower(), the table for rows
-// whose length is not a multiple of kWidth. kv_attention_table<Lanes>() is their table. Each
-// loop's bits are fixed by the order of its fused multiply-adds, which the comments state.
-// It includes nothing itself.
+// anonymous namespace, after transposed_scores.h and their Lanes: a vector type Vec of kWidth
+// floats with zero, set1, load, store (unaligned), fma, add, mul, hsum and hsum8 (eight sums
+// reduced together in hsum's own lane order); transpose(r, kt), kWidth rows of kWidth floats
+// stored as columns; run(block, first, count, out), the `count` values (a multiple of kWidth)
+// of a group from element `first` as count / kWidth vectors of floats; and narrower(), the
+// table for rows whose length is not a multiple of kWidth. kv_attention_table<Lanes>() is
+// their table. Each loop's bits are fixed by the order of its fused multiply-adds, which the
+// comments state. It includes nothing itself.
 #pragma once
 
 template <class Lanes>
@@ -24,22 +25,41 @@ inline RowShape row_shape(size_t hd) {
   return hd >= 32 ? RowShape{hd / 32, 32} : RowShape{1, static_cast<int>(hd)};
 }
 
-// One key row's lanes of q . k, before the horizontal sum: per group, the lanes of q times the
-// group's values (fused, in element order), then times the group's scale.
+// A group's `count` values from element `first` as exact floats: each stored integer times the
+// group's f16 scale, a product of at most 19 significant bits, so none rounds. Scores are then
+// those of keys stored as these floats.
+template <class Lanes, class Block>
+inline void exact_run(const Block& b, int first, int count, typename Lanes::Vec* out) {
+  constexpr int kWidth = static_cast<int>(Lanes::kWidth);
+  Lanes::run(b, first, count, out);
+  const typename Lanes::Vec d = Lanes::set1(_cvtsh_ss(b.d));
+  for (int e = 0; e < count / kWidth; ++e) out[e] = Lanes::mul(out[e], d);
+}
+
+// One key row's lanes of q . k, before the horizontal sum: over the row's exact values, the
+// even kWidth-chunks and the odd ones summed by fused multiply-adds in two accumulators, then
+// added, lane by lane the arithmetic of scores_of_transposed_keys, so that a query scored with
+// others against transposed keys gets the bits it gets alone.
 template <class Lanes, class Block>
 inline typename Lanes::Vec score_lanes(const Block* b, const float* q, RowShape s, int first) {
-  constexpr int kWidth = static_cast<int>(Lanes::kWidth);
-  typename Lanes::Vec acc = Lanes::zero();
-  for (size_t g = 0; g < s.groups; ++g) {
-    typename Lanes::Vec values[32 / kWidth];
-    Lanes::run(b[g], first, s.run, values);
-    typename Lanes::Vec sum = Lanes::zero();
-    for (int e = 0; e < s.run; e += kWidth) {
-      sum = Lanes::fma(values[e / kWidth], Lanes::load(q + g * 32 + e), sum);
+  constexpr int kWidth = static_cast<int>(Lanes::kWidth), kPerGroup = 32 / kWidth;
+  typename Lanes::Vec acc[2] = {Lanes::zero(), Lanes::zero()};
+  typename Lanes::Vec x[kPerGroup];
+  if (s.run == 32) {  // whole groups: an even number of chunks each, so chunk e's parity is e's
+    for (size_t g = 0; g < s.groups; ++g) {
+      exact_run<Lanes>(b[g], 0, 32, x);
+#pragma GCC unroll 4
+      for (int e = 0; e < kPerGroup; ++e) {
+        acc[e & 1] = Lanes::fma(x[e], Lanes::load(q + g * 32 + e * kWidth), acc[e & 1]);
+      }
     }
-    acc = Lanes::fma(Lanes::set1(_cvtsh_ss(b[g].d)), sum, acc);
+  } else {  // a head inside one group
+    exact_run<Lanes>(b[0], first, s.run, x);
+    for (int e = 0; e < s.run / kWidth; ++e) {
+      acc[e & 1] = Lanes::fma(x[e], Lanes::load(q + e * kWidth), acc[e & 1]);
+    }
   }
-  return acc;
+  return Lanes::add(acc[0], acc[1]);
 }
 
 template <class Lanes, class Block>
@@ -126,35 +146,73 @@ void accumulate(const float* p, const uint8_t* base, size_t stride, int first, s
 // Rows whose values are converted once for several queries hold at most this many values.
 constexpr size_t kMaxConvertedRow = 256;
 
-// A row's values as floats (group after group, `run` values each, from element `first`) and
-// each group's scale: what score_lanes and accumulate convert, kept for several queries.
+// A row's exact values (exact_run), group after group: what score_lanes converts, kept for
+// several queries.
 template <class Lanes, class Block>
-inline void convert_row(const Block* b, RowShape s, int first, float* values, float* d) {
+inline void convert_row(const Block* b, RowShape s, int first, float* values) {
   constexpr int kWidth = static_cast<int>(Lanes::kWidth);
   for (size_t g = 0; g < s.groups; ++g) {
-    d[g] = _cvtsh_ss(b[g].d);
     typename Lanes::Vec v[32 / kWidth];
-    Lanes::run(b[g], first, s.run, v);
+    exact_run<Lanes>(b[g], first, s.run, v);
     for (int e = 0; e < s.run; e += kWidth) Lanes::store(values + g * s.run + e, v[e / kWidth]);
   }
 }
 
 // score_lanes over a converted row: the same multiply-adds of the same values.
 template <class Lanes>
-inline typename Lanes::Vec score_converted(const float* values, const float* d, const float* q,
-                                           RowShape s) {
-  constexpr int kWidth = static_cast<int>(Lanes::kWidth);
-  typename Lanes::Vec acc = Lanes::zero();
-  for (size_t g = 0; g < s.groups; ++g) {
-    typename Lanes::Vec sum = Lanes::zero();
-    for (int e = 0; e < s.run; e += kWidth) {
-      sum = Lanes::fma(Lanes::load(values + g * s.run + e), Lanes::load(q + g * 32 + e), sum);
-    }
-    acc = Lanes::fma(Lanes::set1(d[g]), sum, acc);
+inline typename Lanes::Vec score_converted(const float* values, const float* q, size_t hd) {
+  constexpr size_t kWidth = Lanes::kWidth;
+  typename Lanes::Vec a0 = Lanes::zero(), a1 = Lanes::zero();
+  size_t d = 0;
+  for (; d + 2 * kWidth <= hd; d += 2 * kWidth) {
+    a0 = Lanes::fma(Lanes::load(values + d), Lanes::load(q + d), a0);
+    a1 = Lanes::fma(Lanes::load(values + d + kWidth), Lanes::load(q + d + kWidth), a1);
   }
-  return acc;
+  if (d < hd) a0 = Lanes::fma(Lanes::load(values + d), Lanes::load(q + d), a0);
+  return Lanes::add(a0, a1);
 }
 
+// Scores of nq queries over the same rows, kWidth keys at a time converted to exact values and
+// transposed once for all of them, each query's scores then built by scores_of_transposed_keys
+// (score_lanes' arithmetic, every fold a vertical addition); the last n % kWidth keys query by
+// query.
+template <class Lanes, class Block>
+void scores_transposed(const float* const* q, size_t nq, const uint8_t* base, size_t stride,
+                       int first, size_t n, size_t hd, float scale, float* const* out) {
+  constexpr size_t kWidth = Lanes::kWidth;
+  const size_t chunks = hd / kWidth;
+  alignas(64) float kt[kMaxConvertedRow * kWidth];  // kt[d * kWidth + t]: key t's value d
+  size_t t0 = 0;
+  for (; t0 + kWidth <= n; t0 += kWidth) {
+    for (size_t c = 0; c < chunks; ++c) {
+      const size_t g = c * kWidth / 32;  // 0 for a head inside one group
+      const int at = first + static_cast<int>(c * kWidth % 32);
+      typename Lanes::Vec r[kWidth];
+      for (size_t k = 0; k < kWidth; ++k) {
+        const auto* b = reinterpret_cast<const Block*>(base + (t0 + k) * stride) + g;
+        exact_run<Lanes>(*b, at, static_cast<int>(kWidth), &r[k]);
+      }
+      Lanes::transpose(r, kt + c * kWidth * kWidth);
+    }
+    for (size_t j = 0; j < nq; ++j) {
+      if (chunks == 4) {
+        scores_of_transposed_keys<Lanes, 4>(q[j], kt, chunks, scale, out[j] + t0);
+      } else if (chunks == 8) {
+        scores_of_transposed_keys<Lanes, 8>(q[j], kt, chunks, scale, out[j] + t0);
+      } else {
+        scores_of_transposed_keys<Lanes, 0>(q[j], kt, chunks, scale, out[j] + t0);
+      }
+    }
+  }
+  if (t0 < n) {
+    for (size_t j = 0; j < nq; ++j) {
+      scores<Lanes, Block>(q[j], base + t0 * stride, stride, first, n - t0, hd, scale, out[j] + t0);
+    }
+  }
+}
+
+// From four queries on, the keys transposed once for all (scores_transposed); two or three
+// share each row's conversion and then score it query by query.
 template <class Lanes, class Block>
 void scores_queries(const float* const* q, size_t nq, const uint8_t* base, size_t stride, int first,
                     size_t n, size_t hd, float scale, float* const* out) {
@@ -166,30 +224,29 @@ void scores_queries(const float* const* q, size_t nq, const uint8_t* base, size_
     scores_each<Block>(kv_attention_table<Lanes>(), q, nq, base, stride, first, n, hd, scale, out);
     return;
   }
+  if (nq >= 4) {
+    scores_transposed<Lanes, Block>(q, nq, base, stride, first, n, hd, scale, out);
+    return;
+  }
   const RowShape s = row_shape(hd);
   const auto row = [&](size_t t) { return reinterpret_cast<const Block*>(base + t * stride); };
   alignas(64) float values[8 * kMaxConvertedRow];
-  float d[8 * kMaxConvertedRow / 32];
   size_t t = 0;
   // Eight keys converted once, then scored for every query, their sums folded together.
   for (; t + 8 <= n; t += 8) {
-    for (int k = 0; k < 8; ++k) {
-      convert_row<Lanes>(row(t + k), s, first, values + k * hd, d + k * s.groups);
-    }
+    for (int k = 0; k < 8; ++k) convert_row<Lanes>(row(t + k), s, first, values + k * hd);
     for (size_t j = 0; j < nq; ++j) {
       typename Lanes::Vec acc[8];
-      for (int k = 0; k < 8; ++k) {
-        acc[k] = score_converted<Lanes>(values + k * hd, d + k * s.groups, q[j], s);
-      }
+      for (int k = 0; k < 8; ++k) acc[k] = score_converted<Lanes>(values + k * hd, q[j], hd);
       float sums[8];
       Lanes::hsum8(acc, sums);
       for (int k = 0; k < 8; ++k) out[j][t + k] = sums[k] * scale;
     }
   }
   for (; t < n; ++t) {
-    convert_row<Lanes>(row(t), s, first, values, d);
+    convert_row<Lanes>(row(t), s, first, values);
     for (size_t j = 0; j < nq; ++j) {
-      out[j][t] = Lanes::hsum(score_converted<Lanes>(values, d, q[j], s)) * scale;
+      out[j][t] = Lanes::hsum(score_converted<Lanes>(values, q[j], hd)) * scale;
     }
   }
 }
@@ -284,17 +341,21 @@ void accumulate_queries(const float* const* p, size_t nq, const uint8_t* base, s
     }
     return;
   }
-  const RowShape s = row_shape(hd);
+  // A head inside one group: up to eight rows' values (and scales) converted once, then each
+  // query's sums take them in row order.
   alignas(64) float values[8 * 32];
   float d[8];
   for (size_t t0 = 0; t0 < n; t0 += 8) {
     const size_t m = std::min<size_t>(8, n - t0);
     for (size_t k = 0; k < m; ++k) {
       const auto* b = reinterpret_cast<const Block*>(base + (t0 + k) * stride);
-      convert_row<Lanes>(b, s, first, values + k * hd, d + k);
+      typename Lanes::Vec v[32 / kWidth];
+      Lanes::run(*b, first, static_cast<int>(hd), v);
+      for (size_t e = 0; e < hd; e += kWidth) Lanes::store(values + k * hd + e, v[e / kWidth]);
+      d[k] = _cvtsh_ss(b->d);
     }
     for (size_t j = 0; j < nq; ++j) {
-      for (int e = 0; e < s.run; e += kWidth) {
+      for (size_t e = 0; e < hd; e += kWidth) {
         float* o = out[j] + e;
         typename Lanes::Vec sum = Lanes::load(o);
         for (size_t k = 0; k < m; ++k) {

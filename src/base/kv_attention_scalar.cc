@@ -21,12 +21,11 @@ void scores(const float* q, const uint8_t* base, size_t stride, int first, size_
   const int run = hd >= 32 ? 32 : static_cast<int>(hd);
   for (size_t t = 0; t < n; ++t) {
     const auto* b = reinterpret_cast<const Block*>(base + t * stride);
-    float acc = 0.0f;
+    float acc = 0.0f;  // over the exact values: each integer times its group's scale
     for (size_t g = 0; g < groups; ++g) {
-      float sum = 0.0f;
+      const float d = f16_to_f32(b[g].d);
       for (int i = 0; i < run; ++i)
-        sum += q[g * 32 + i] * static_cast<float>(value(b[g], first + i));
-      acc += f16_to_f32(b[g].d) * sum;
+        acc += q[g * 32 + i] * (d * static_cast<float>(value(b[g], first + i)));
     }
     out[t] = acc * scale;
   }
