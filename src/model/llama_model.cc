@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "base/kernels.h"
 #include "base/kv_attention.h"
+#include "model/head_rotation.h"
 
 namespace kvc::model {
 
@@ -472,14 +473,16 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
       rms_norm(&s.xb[r * d], weight.data(), &s.xb[r * d], d, c.rms_eps);
     }
   };
-  // Keys stored quantised lose their per-channel offsets first; scores move by a constant per
-  // query, which softmax ignores.
+  // Keys stored quantised lose their per-channel offsets first (scores move by a constant per
+  // query, which softmax ignores), then each head's keys and queries are rotated alike
+  // (model/head_rotation.h; scores unchanged).
   const KeyCentres* key_centres_used =
       block_elements(g.k_dtype) > 1 ? &key_centres(threads) : nullptr;
   const std::vector<float>* centres =
       key_centres_used != nullptr && !key_centres_used->per_layer.empty()
           ? key_centres_used->per_layer.data()
           : nullptr;
+  const bool rotate_heads = block_elements(g.k_dtype) > 1 && rotates_heads(c.head_dim);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
     norm_rows(w.attn_norm);
@@ -503,6 +506,10 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
       if (centres != nullptr) {
         const float* centre = centres[l].data();
         for (int i = 0; i < c.kv_dim(); ++i) k[i] -= centre[i];
+      }
+      if (rotate_heads) {
+        hadamard_heads(k, c.n_kv_heads, c.head_dim, 1.0f);
+        hadamard_heads(q, c.n_heads, c.head_dim, 1.0f / static_cast<float>(c.head_dim));
       }
       const kv::BlockTable& table = *rows[r].table;
       uint8_t* block = pool.data(table.block_of(rows[r].pos));

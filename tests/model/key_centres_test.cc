@@ -1,6 +1,7 @@
 // Centring quantised keys: the centres are a fixed property of the model (the same on every
 // thread count and call), absent where attention soft-caps its scores, and on a real model
-// they make q8_0 keys markedly closer to f16 ones.
+// they (with the heads' rotation, model/head_rotation.h) make q8_0 keys markedly closer to f16
+// ones.
 #include "model/key_centres.h"
 
 #include <gtest/gtest.h>
@@ -68,9 +69,10 @@ TEST(KeyCentres, BringQ8_0KeysCloseToF16OnARealModel) {
   });
   ASSERT_EQ(kl.tokens(), base.size());
   const KlStats s = kl.finish();
-  // Measured on these 1,016 scored tokens (AVX-512): centred keys KL 0.00095, top-1 98.5%;
-  // the same keys stored uncentred KL 0.0030, top-1 96.9%.
-  EXPECT_LT(s.mean_kl, 0.002);
+  // Measured on these 1,016 scored tokens: centred and rotated keys KL 0.00068 (AVX-512, AVX2
+  // and scalar alike), top-1 98.4-98.5%; centred only KL 0.00095; stored as they come KL
+  // 0.0030, top-1 96.9%.
+  EXPECT_LT(s.mean_kl, 0.0009);
   EXPECT_GT(s.top1_agreement, 0.977);
 }
 
