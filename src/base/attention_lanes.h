@@ -110,15 +110,7 @@ void scores_f16_transposed(const float* const* q, size_t nq, const uint16_t* k, 
     for (size_t d0 = 0; d0 < hd; d0 += kWidth) {
       Lanes::transpose_f16(k + t0 * hd + d0, hd, kt + d0 * kWidth);
     }
-    for (size_t j = 0; j < nq; ++j) {
-      if (chunks == 4) {
-        scores_of_transposed_keys<Lanes, 4>(q[j], kt, chunks, scale, out[j] + t0);
-      } else if (chunks == 8) {
-        scores_of_transposed_keys<Lanes, 8>(q[j], kt, chunks, scale, out[j] + t0);
-      } else {
-        scores_of_transposed_keys<Lanes, 0>(q[j], kt, chunks, scale, out[j] + t0);
-      }
-    }
+    scores_of_transposed_tile<Lanes>(q, nq, kt, chunks, scale, out, t0);
   }
   if (t0 < n) {
     for (size_t j = 0; j < nq; ++j) scores_f16(q[j], k + t0 * hd, n - t0, hd, scale, out[j] + t0);

@@ -194,15 +194,7 @@ void scores_transposed(const float* const* q, size_t nq, const uint8_t* base, si
       }
       Lanes::transpose(r, kt + c * kWidth * kWidth);
     }
-    for (size_t j = 0; j < nq; ++j) {
-      if (chunks == 4) {
-        scores_of_transposed_keys<Lanes, 4>(q[j], kt, chunks, scale, out[j] + t0);
-      } else if (chunks == 8) {
-        scores_of_transposed_keys<Lanes, 8>(q[j], kt, chunks, scale, out[j] + t0);
-      } else {
-        scores_of_transposed_keys<Lanes, 0>(q[j], kt, chunks, scale, out[j] + t0);
-      }
-    }
+    scores_of_transposed_tile<Lanes>(q, nq, kt, chunks, scale, out, t0);
   }
   if (t0 < n) {
     for (size_t j = 0; j < nq; ++j) {
