@@ -34,38 +34,42 @@ struct KvAttentionTable {
   KvAccumulateQueriesFn accumulate_queries_q4_0;
 };
 
+// A table's loop for Block (BlockQ8_0 or BlockQ4_0): its q8_0 one or its q4_0 one.
+template <class Block, class Fn>
+Fn for_block(Fn q8_0, Fn q4_0) {
+  return std::is_same_v<Block, BlockQ8_0> ? q8_0 : q4_0;
+}
+template <class Block>
+KvScoresFn scores_for(const KvAttentionTable& t) {
+  return for_block<Block>(t.scores_q8_0, t.scores_q4_0);
+}
+template <class Block>
+KvAccumulateFn accumulate_for(const KvAttentionTable& t) {
+  return for_block<Block>(t.accumulate_q8_0, t.accumulate_q4_0);
+}
+template <class Block>
+KvScoresQueriesFn scores_queries_for(const KvAttentionTable& t) {
+  return for_block<Block>(t.scores_queries_q8_0, t.scores_queries_q4_0);
+}
+template <class Block>
+KvAccumulateQueriesFn accumulate_queries_for(const KvAttentionTable& t) {
+  return for_block<Block>(t.accumulate_queries_q8_0, t.accumulate_queries_q4_0);
+}
+
 // Query by query through a table's single-query loop (where sharing a row's conversion does
 // not pay, or the lanes do not fit).
 template <class Block>
 void scores_each(const KvAttentionTable& t, const float* const* q, size_t nq, const uint8_t* base,
                  size_t stride, int first, size_t n, size_t hd, float scale, float* const* out) {
-  const KvScoresFn f = std::is_same_v<Block, BlockQ8_0> ? t.scores_q8_0 : t.scores_q4_0;
+  const KvScoresFn f = scores_for<Block>(t);
   for (size_t j = 0; j < nq; ++j) f(q[j], base, stride, first, n, hd, scale, out[j]);
 }
 template <class Block>
 void accumulate_each(const KvAttentionTable& t, const float* const* p, size_t nq,
                      const uint8_t* base, size_t stride, int first, size_t n, size_t hd,
                      float* const* out) {
-  const KvAccumulateFn f = std::is_same_v<Block, BlockQ8_0> ? t.accumulate_q8_0 : t.accumulate_q4_0;
+  const KvAccumulateFn f = accumulate_for<Block>(t);
   for (size_t j = 0; j < nq; ++j) f(p[j], base, stride, first, n, hd, out[j]);
-}
-template <class Block>
-KvScoresQueriesFn scores_queries_for(const KvAttentionTable& t) {
-  return std::is_same_v<Block, BlockQ8_0> ? t.scores_queries_q8_0 : t.scores_queries_q4_0;
-}
-template <class Block>
-KvAccumulateQueriesFn accumulate_queries_for(const KvAttentionTable& t) {
-  return std::is_same_v<Block, BlockQ8_0> ? t.accumulate_queries_q8_0 : t.accumulate_queries_q4_0;
-}
-
-// A table's loops for Block (BlockQ8_0 or BlockQ4_0), for rows too narrow for wider lanes.
-template <class Block>
-KvScoresFn scores_for(const KvAttentionTable& t) {
-  return std::is_same_v<Block, BlockQ8_0> ? t.scores_q8_0 : t.scores_q4_0;
-}
-template <class Block>
-KvAccumulateFn accumulate_for(const KvAttentionTable& t) {
-  return std::is_same_v<Block, BlockQ8_0> ? t.accumulate_q8_0 : t.accumulate_q4_0;
 }
 
 const KvAttentionTable& scalar_kv_attention();

@@ -476,13 +476,13 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
   // Keys stored quantised lose their per-channel offsets first (scores move by a constant per
   // query, which softmax ignores), then each head's keys and queries are rotated alike
   // (model/head_rotation.h; scores unchanged).
-  const KeyCentres* key_centres_used =
-      block_elements(g.k_dtype) > 1 ? &key_centres(threads) : nullptr;
+  const bool keys_quantised = block_elements(g.k_dtype) > 1;
+  const KeyCentres* key_centres_used = keys_quantised ? &key_centres(threads) : nullptr;
   const std::vector<float>* centres =
       key_centres_used != nullptr && !key_centres_used->per_layer.empty()
           ? key_centres_used->per_layer.data()
           : nullptr;
-  const bool rotate_heads = block_elements(g.k_dtype) > 1 && rotates_heads(c.head_dim);
+  const bool rotate_heads = keys_quantised && rotates_heads(c.head_dim);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
     norm_rows(w.attn_norm);

@@ -66,10 +66,11 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
 
 std::vector<TokenProb> Sampler::candidates(std::span<const float> logits,
                                            std::span<const int32_t> history) const {
-  const bool penalise = params_.repeat_penalty != 1.0f && params_.repeat_last_n > 0;
-  if (params_.temperature <= 0.0f && !penalise) return {TokenProb{argmax(logits), 1.0f}};
-  std::vector<float> adjusted(logits.begin(), logits.end());
-  if (penalise) {
+  // The logits as sampled: the model's, or a copy with recent tokens penalised.
+  std::span<const float> scored = logits;
+  std::vector<float> adjusted;
+  if (params_.repeat_penalty != 1.0f && params_.repeat_last_n > 0) {
+    adjusted.assign(logits.begin(), logits.end());
     // As llama.cpp: each distinct recent token is penalised once, dividing positive logits
     // and multiplying negative ones.
     const size_t n = std::min(history.size(), static_cast<size_t>(params_.repeat_last_n));
@@ -79,13 +80,11 @@ std::vector<TokenProb> Sampler::candidates(std::span<const float> logits,
       float& l = adjusted[id];
       l = l > 0.0f ? l / params_.repeat_penalty : l * params_.repeat_penalty;
     }
+    scored = adjusted;
   }
-  if (params_.temperature <= 0.0f) {  // greedy: no candidate list
-    const int32_t best = argmax(adjusted);
-    return {TokenProb{best, 1.0f}};
-  }
-  std::vector<TokenProb> c(adjusted.size());
-  for (size_t i = 0; i < adjusted.size(); ++i) c[i] = {static_cast<int32_t>(i), adjusted[i]};
+  if (params_.temperature <= 0.0f) return {TokenProb{argmax(scored), 1.0f}};  // no list built
+  std::vector<TokenProb> c(scored.size());
+  for (size_t i = 0; i < scored.size(); ++i) c[i] = {static_cast<int32_t>(i), scored[i]};
   // Descending by logit, ties by id, so truncation is deterministic.
   const auto by_logit = [](const TokenProb& a, const TokenProb& b) {
     return a.p > b.p || (a.p == b.p && a.id < b.id);
