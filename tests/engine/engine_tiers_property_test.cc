@@ -178,12 +178,17 @@ void run_workload(uint64_t seed, TierPolicy policy, const kvc::testing::RedisSer
   const TierCounts t = e.stats().tiers;
   const auto& d = t.decisions[static_cast<size_t>(disk ? Tier::kDisk : Tier::kRedis)];
   const auto at = [&](TierDecision x) { return d[static_cast<size_t>(x)]; };
-  EXPECT_GT(at(TierDecision::kStored) + at(TierDecision::kStoredWhenEvicted), 0u);
   // (Redis round trips cost about what stories260K's shallow blocks take to recompute, so
-  // the cost model may keep none of a chain's first blocks there: loads are checked when
-  // every block is kept.)
+  // the cost model, which decides from measured times, may keep none of them there on a
+  // loaded machine: stores and loads are checked where a disk tier is there or every block is
+  // kept, and otherwise that every sealed block was decided.)
   if (disk || policy == TierPolicy::kKeepAll) {
+    EXPECT_GT(at(TierDecision::kStored) + at(TierDecision::kStoredWhenEvicted), 0u);
     EXPECT_GT(disk ? t.disk_loaded_blocks : t.redis_loaded_blocks, 0u);
+  } else {
+    EXPECT_GT(at(TierDecision::kStored) + at(TierDecision::kStoredWhenEvicted) +
+                  at(TierDecision::kDroppedSeldomReused) + at(TierDecision::kDroppedCheap),
+              0u);
   }
   if (policy == TierPolicy::kCostModel) {
     EXPECT_GT(at(TierDecision::kDroppedSeldomReused), 0u);
