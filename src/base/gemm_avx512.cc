@@ -180,22 +180,27 @@ inline __m256i load256(const void* p) {
 
 struct Q8Weights {
   using Block = BlockQ8_0;
-  static constexpr bool kUnsigned = false;
+  static constexpr int kBiasShift = 7;  // u = w + 128
   static __m256i values(const Block& b) { return load256(b.qs); }
+  // The 64 values of a pair of blocks plus 128, as unsigned bytes.
+  static __m512i pair_unsigned(const Block& b0, const Block& b1) {
+    return _mm512_xor_si512(join(values(b0), values(b1)),
+                            _mm512_set1_epi8(static_cast<char>(0x80)));
+  }
 };
 
 // q4_0's values are nibbles minus 8. IntTile multiplies the nibbles themselves (unsigned, as
 // dpbusd wants its first operand) and takes the bias through the activations' sums instead.
 struct Q4Weights {
   using Block = BlockQ4_0;
-  static constexpr bool kUnsigned = true;
+  static constexpr int kBiasShift = 3;  // u = w + 8, the nibble
   static __m256i values(const Block& b) {
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
     const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
     return _mm256_sub_epi8(_mm256_and_si256(both, _mm256_set1_epi8(0x0f)), _mm256_set1_epi8(8));
   }
   // The 64 nibbles of a pair of blocks in element order (first block's low then high nibbles).
-  static __m512i pair_nibbles(const Block& b0, const Block& b1) {
+  static __m512i pair_unsigned(const Block& b0, const Block& b1) {
     const __m256i both = _mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0.qs))),
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1.qs)), 1);
@@ -215,50 +220,40 @@ inline __m512 scale_pair(const uint16_t* lo, const uint16_t* hi) {
 }
 
 // Integer weights against q8_0 activations, two blocks per register, as dot_w_q8_0 and
-// dot_w_q4_0 in kernels_avx512.cc. dpbusd multiplies unsigned by signed bytes; the single-row
-// kernel moves w's sign onto x, which costs an operation per (row, column) pair. Here x is
-// offset to x + 128 (unsigned) once per row and -128 * sum(w) is subtracted through dpbusd's
-// accumulator input, once per weight row: both give the same exact int32 sums.
+// dot_w_q4_0 in kernels_avx512.cc. dpbusd multiplies unsigned by signed bytes, so the weights
+// go in as unsigned values u = w + bias (q8_0: w + 128, one xor; q4_0: the nibbles, w + 8) and
+// the activations as they are; -bias * sum(x) is added through dpbusd's accumulator input,
+// taken from the prepared row (its sums of four once per row per call). The int32 sums are
+// exact, so the single-row kernel's results come out bit for bit.
 template <class W>
 struct IntTile {
   static constexpr int kRows = 4;
   static constexpr int kCols = 4;
   using WBlock = typename W::Block;
 
-  // A prepared activation row: per pair of blocks, their 64 values + 128 (for unsigned
-  // weights: the values themselves, and -8 times each group of four's sum, the weights' bias)
-  // and their two scales as 16 floats (lanes 0-7 the first block's, 8-15 the second's); then an
-  // odd last block as it was.
-  struct OffsetPairX {
-    uint8_t values[64];
-    float scales[16];
-  };
-  struct BiasedPairX {
-    uint8_t values[64];
+  // A prepared activation row: per pair of blocks, their 64 values, their two scales as 16
+  // floats (lanes 0-7 the first block's, 8-15 the second's) and -bias times each group of
+  // four's sum; then an odd last block as it was.
+  struct PairX {
+    int8_t values[64];
     float scales[16];
     int32_t bias[16];
   };
-  using PairX = std::conditional_t<W::kUnsigned, BiasedPairX, OffsetPairX>;
 
   static const uint8_t* prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
                                 size_t* stride) {
     const size_t pairs = n / 64;
     *stride = (pairs * sizeof(PairX) + sizeof(BlockQ8_0) + 63) / 64 * 64;
     uint8_t* out = gemm_scratch(*stride * n_x);
-    const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
     for (size_t r = 0; r < n_x; ++r) {
       const auto* b = row_at<BlockQ8_0>(x, x_stride, static_cast<int>(r));
       auto* p = reinterpret_cast<PairX*>(out + r * *stride);
       for (size_t i = 0; i < pairs; ++i) {
         const __m512i v = join(load256(b[2 * i].qs), load256(b[2 * i + 1].qs));
-        if constexpr (W::kUnsigned) {
-          _mm512_storeu_si512(p[i].values, v);
-          const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), v);
-          _mm512_storeu_si512(p[i].bias,
-                              _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 3)));
-        } else {
-          _mm512_storeu_si512(p[i].values, _mm512_xor_si512(v, offset));
-        }
+        _mm512_storeu_si512(p[i].values, v);
+        const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), v);
+        _mm512_storeu_si512(p[i].bias, _mm512_sub_epi32(_mm512_setzero_si512(),
+                                                        _mm512_slli_epi32(sums, W::kBiasShift)));
         _mm512_storeu_ps(p[i].scales, scale_pair(&b[2 * i].d, &b[2 * i + 1].d));
       }
       if (n / 32 % 2 != 0) {
@@ -276,42 +271,28 @@ struct IntTile {
     for (int j = 0; j < NR; ++j) a[j] = row_at<WBlock>(w, ws, j);
     for (int r = 0; r < MR; ++r) b[r] = row_at<PairX>(x, xs, r);
     const size_t blocks = n / 32;
-    const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
     __m512 acc[MR][NR];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_setzero_ps();
     size_t i = 0;
     for (; i + 2 <= blocks; i += 2) {
-      __m512i wq[NR], corr[NR];
+      __m512i wu[NR];
       __m512 dw[NR];
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
-        if constexpr (W::kUnsigned) {
-          wq[j] = W::pair_nibbles(a[j][i], a[j][i + 1]);
-        } else {
-          wq[j] = join(W::values(a[j][i]), W::values(a[j][i + 1]));
-          corr[j] = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                     _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, wq[j]));
-        }
+        wu[j] = W::pair_unsigned(a[j][i], a[j][i + 1]);
         dw[j] = scale_pair(&a[j][i].d, &a[j][i + 1].d);
       }
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
         const PairX& px = b[r][i / 2];
-        const __m512i xu = _mm512_loadu_si512(px.values);
+        const __m512i xv = _mm512_loadu_si512(px.values);
         const __m512 dx = _mm512_loadu_ps(px.scales);
-        __m512i bias = _mm512_setzero_si512();
-        if constexpr (W::kUnsigned) bias = _mm512_loadu_si512(px.bias);
+        const __m512i bias = _mm512_loadu_si512(px.bias);
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) {
-          // Exact int32 sums of four products either way: (x + 128) w - 128 sum(w), or for
-          // unsigned weights u x - 8 sum(x) with w = u - 8.
-          __m512i dot;
-          if constexpr (W::kUnsigned) {
-            dot = _mm512_dpbusd_epi32(bias, wq[j], xu);
-          } else {
-            dot = _mm512_dpbusd_epi32(corr[j], xu, wq[j]);
-          }
+          // Exact int32 sums of four products: u x - bias sum(x) with w = u - bias.
+          const __m512i dot = _mm512_dpbusd_epi32(bias, wu[j], xv);
           acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[j], dx), _mm512_cvtepi32_ps(dot), acc[r][j]);
         }
       }

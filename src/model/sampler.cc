@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <limits>
 #include <unordered_set>
 
 #include "base/error.h"
@@ -53,11 +55,25 @@ double Rng::uniform() {
 }
 
 int32_t argmax(std::span<const float> logits) {
-  int32_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
+  // The largest value through independent lanes (which the compiler turns into vector maxima,
+  // where one running maximum is a chain of dependent compares), then its first index.
+  constexpr size_t kLanes = 16;
+  float lane_max[kLanes];
+  std::fill(std::begin(lane_max), std::end(lane_max), -std::numeric_limits<float>::infinity());
+  size_t i = 0;
+  for (; i + kLanes <= logits.size(); i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) {
+      const float v = logits[i + j];
+      lane_max[j] = v > lane_max[j] ? v : lane_max[j];
+    }
   }
-  return best;
+  float max = -std::numeric_limits<float>::infinity();
+  for (float v : lane_max) max = v > max ? v : max;
+  for (; i < logits.size(); ++i) max = logits[i] > max ? logits[i] : max;
+  for (size_t k = 0; k < logits.size(); ++k) {
+    if (logits[k] == max) return static_cast<int32_t>(k);
+  }
+  return 0;
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {

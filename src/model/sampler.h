@@ -57,7 +57,8 @@ class Sampler {
   Rng rng_;
 };
 
-// The highest logit's index; ties go to the lowest id.
+// The highest logit's index; ties go to the lowest id, and a NaN is never the highest (0 when
+// every logit is NaN).
 int32_t argmax(std::span<const float> logits);
 
 }  // namespace kvc::model

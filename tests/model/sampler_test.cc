@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "base/error.h"
@@ -23,6 +24,26 @@ TEST(Sampler, GreedyPicksTheHighestLogitAndLowestIdOnTies) {
   Sampler s(p);
   EXPECT_EQ(s.sample(std::vector<float>{0.1f, 3.0f, -1.0f, 3.0f}, {}), 1);
   EXPECT_EQ(argmax(std::vector<float>{-5.0f}), 0);
+}
+
+TEST(Sampler, ArgmaxAgreesWithAPlainScanAtEveryLengthAndPlace) {
+  // Lengths around the vector lanes and the tail, the maximum (and its tie) at every place.
+  for (size_t n = 1; n <= 70; ++n) {
+    for (size_t at = 0; at < n; ++at) {
+      std::vector<float> l(n);
+      for (size_t i = 0; i < n; ++i) l[i] = static_cast<float>((i * 7919) % 13) - 20.0f;
+      l[at] = 1.0f;
+      EXPECT_EQ(argmax(l), static_cast<int32_t>(at)) << n << " " << at;
+      l[n - 1] = 1.0f;
+      EXPECT_EQ(argmax(l), static_cast<int32_t>(at)) << "tie, " << n << " " << at;
+    }
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(argmax(std::vector<float>{-inf, -inf, -inf}), 0);
+  EXPECT_EQ(argmax(std::vector<float>{nan, 2.0f, inf, 3.0f}), 2);
+  EXPECT_EQ(argmax(std::vector<float>{nan, -1.0f, nan}), 1);
+  EXPECT_EQ(argmax(std::vector<float>{nan, nan}), 0);
 }
 
 TEST(Sampler, SameSeedSameTokensDifferentSeedDifferentTokens) {
