@@ -38,6 +38,7 @@ const char* policy_name(Policy p) {
 
 struct Result {
   double ttft_p50 = 0, ttft_p99 = 0, seconds = 0;
+  double p99_low = 1e300, p99_high = 0;  // the range of p99 over the repetitions
   uint64_t prompt_tokens = 0, cached_tokens = 0, disk_tokens = 0;
   engine::TierCounts tiers;
 };
@@ -186,6 +187,27 @@ WarmRestart warm_restart(const model::LlamaModel& model, const model::Tokenizer&
   return out;
 }
 
+// One run's figures with p50, p99 and seconds replaced by their medians over the runs (the
+// counts of one run stay: they are the same in every run up to the cost model's timings).
+Result median_run(const std::vector<Result>& runs) {
+  const auto median = [&](double Result::*field) {
+    std::vector<double> v;
+    for (const Result& r : runs) v.push_back(r.*field);
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  };
+  Result m = runs.back();
+  m.ttft_p50 = median(&Result::ttft_p50);
+  m.ttft_p99 = median(&Result::ttft_p99);
+  m.seconds = median(&Result::seconds);
+  for (const Result& r : runs) {
+    m.p99_low = std::min(m.p99_low, r.ttft_p99);
+    m.p99_high = std::max(m.p99_high, r.ttft_p99);
+  }
+  return m;
+}
+
 }  // namespace
 
 void run_tier_bench(const TierBenchOptions& o, std::ostream& out) {
@@ -195,24 +217,40 @@ void run_tier_bench(const TierBenchOptions& o, std::ostream& out) {
   if (!o.json) {
     out << fmt::format(
         "bench tiers: {} ({} layers, context {}), f16 KV, {} threads, {} requests "
-        "in flight, pool = a quarter of each working set\n\n",
+        "in flight, pool = a quarter of each working set{}\n\n",
         o.model_path, model->config().n_layers, model->config().context_length, o.threads,
-        kInFlight);
-    out << fmt::format("{:<14} {:<9} {:>9} {:>12} {:>12} {:>9} {:>9} {:>8} {:>8}\n", "workload",
+        kInFlight,
+        o.repeat > 1
+            ? fmt::format("; TTFT medians of {} runs per policy, in rotated order", o.repeat)
+            : std::string());
+    out << fmt::format("{:<14} {:<9} {:>9} {:>12} {:>12} {:>9} {:>9} {:>8} {:>8}", "workload",
                        "policy", "requests", "TTFT p50 ms", "TTFT p99 ms", "hit %", "disk %",
                        "stored", "dropped");
+    if (o.repeat > 1) out << fmt::format(" {:>14}", "p99 range");
+    out << "\n";
   }
   for (const std::string& name : o.workloads) {
     const Workload w = make_workload(name, model->config(), o.scale, o.seed);
+    // Each repetition runs the three policies in a rotated order, so that a slow spell of a
+    // shared machine does not always fall on the same policy; each policy's figures are then
+    // the medians over its repetitions.
+    std::map<Policy, std::vector<Result>> runs;
+    for (int rep = 0; rep < o.repeat; ++rep) {
+      for (size_t k = 0; k < std::size(kPolicies); ++k) {
+        const Policy p = kPolicies[(k + static_cast<size_t>(rep)) % std::size(kPolicies)];
+        TierDir dir;
+        engine::Engine e(*model, tokenizer, options_for(*model, w, p, dir.path(), o.threads));
+        const kv::Hash256 ns = e.namespace_for("bench");
+        Result r = replay(e, w.requests, ns);
+        e.drain_tiers();
+        r.tiers = e.stats().tiers;
+        e.flush_tiers();
+        runs[p].push_back(r);
+      }
+    }
     std::map<Policy, Result> results;
     for (const Policy p : kPolicies) {
-      TierDir dir;
-      engine::Engine e(*model, tokenizer, options_for(*model, w, p, dir.path(), o.threads));
-      const kv::Hash256 ns = e.namespace_for("bench");
-      Result r = replay(e, w.requests, ns);
-      e.drain_tiers();
-      r.tiers = e.stats().tiers;
-      e.flush_tiers();
+      const Result r = median_run(runs[p]);
       results[p] = r;
       const auto& d = r.tiers.decisions[static_cast<size_t>(engine::Tier::kDisk)];
       // Blocks written (when computed, or when evicted after a reuse) and never written.
@@ -241,11 +279,16 @@ void run_tier_bench(const TierBenchOptions& o, std::ostream& out) {
              {"recompute_ms_depth0", r.tiers.cost.block_recompute_ms(r.tiers.block_tokens, 0)},
              {"recomputed_faster_blocks",
               d[static_cast<size_t>(engine::TierDecision::kRecomputedFaster)]},
-             {"seconds", r.seconds}});
+             {"seconds", r.seconds},
+             {"repetitions", o.repeat},
+             {"ttft_p99_range_ms", {r.p99_low, r.p99_high}}});
       } else {
-        out << fmt::format("{:<14} {:<9} {:>9} {:>12.2f} {:>12.2f} {:>9.1f} {:>9.1f} {:>8} {:>8}\n",
+        out << fmt::format("{:<14} {:<9} {:>9} {:>12.2f} {:>12.2f} {:>9.1f} {:>9.1f} {:>8} {:>8}",
                            name, policy_name(p), w.requests.size(), r.ttft_p50, r.ttft_p99, hit,
                            disk, stored, dropped);
+        if (o.repeat > 1)
+          out << fmt::format(" {:>14}", fmt::format("{:.2f}-{:.2f}", r.p99_low, r.p99_high));
+        out << "\n";
       }
     }
     const Result& cost = results[Policy::kCost];

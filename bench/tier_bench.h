@@ -17,6 +17,7 @@ struct TierBenchOptions {
   double scale = 1.0;  // multiplies the number of users, documents' questions and prompts
   int threads = 2;
   uint64_t seed = 1;
+  int repeat = 1;  // runs of each policy (in rotated order); TTFT figures are their medians
   bool json = false;
 };
 

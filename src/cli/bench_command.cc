@@ -201,6 +201,10 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   tiers_cmd->add_option("-t,--threads", tiers->threads, "Threads")->capture_default_str();
   tiers_cmd->add_option("--seed", tiers->seed, "Workload seed")->capture_default_str();
+  tiers_cmd
+      ->add_option("--repeat", tiers->repeat,
+                   "Runs of each policy, in rotated order; TTFT p50/p99 are their medians")
+      ->capture_default_str();
   tiers_cmd->add_flag("--json", tiers->json, "One JSON document");
   tiers_cmd->callback([tiers, tiers_preset] {
     if (tiers->model_path.empty() == tiers_preset->empty()) {
@@ -210,6 +214,7 @@ void add_bench_command(CLI::App& app) {
       tiers->model_path = ensure_synthetic_model(*tiers_preset, DType::F32);
     }
     if (!(tiers->scale > 0)) fail("--scale must be positive");
+    if (tiers->repeat < 1) fail("--repeat must be at least 1");
     bench::run_tier_bench(*tiers, std::cout);
   });
 }
