@@ -38,7 +38,7 @@ const char* policy_name(Policy p) {
 
 struct Result {
   double ttft_p50 = 0, ttft_p99 = 0, seconds = 0;
-  double p99_low = 1e300, p99_high = 0;  // the range of p99 over the repetitions
+  double p99_low = 0, p99_high = 0;  // the range of p99 over the repetitions
   uint64_t prompt_tokens = 0, cached_tokens = 0, disk_tokens = 0;
   engine::TierCounts tiers;
 };
@@ -187,9 +187,10 @@ WarmRestart warm_restart(const model::LlamaModel& model, const model::Tokenizer&
   return out;
 }
 
-// One run's figures with p50, p99 and seconds replaced by their medians over the runs (the
-// counts of one run stay: they are the same in every run up to the cost model's timings).
-Result median_run(const std::vector<Result>& runs) {
+// The runs of one policy as one row: the counts (hits, blocks stored and dropped) of the run
+// whose TTFT p99 is the median (the lower middle one for an even count), the medians of TTFT
+// p50, p99 and seconds, and the range of p99.
+Result median_run(std::vector<Result> runs) {
   const auto median = [&](double Result::*field) {
     std::vector<double> v;
     for (const Result& r : runs) v.push_back(r.*field);
@@ -197,14 +198,16 @@ Result median_run(const std::vector<Result>& runs) {
     const size_t n = v.size();
     return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
   };
-  Result m = runs.back();
-  m.ttft_p50 = median(&Result::ttft_p50);
-  m.ttft_p99 = median(&Result::ttft_p99);
-  m.seconds = median(&Result::seconds);
-  for (const Result& r : runs) {
-    m.p99_low = std::min(m.p99_low, r.ttft_p99);
-    m.p99_high = std::max(m.p99_high, r.ttft_p99);
-  }
+  const double p50 = median(&Result::ttft_p50), p99 = median(&Result::ttft_p99),
+               seconds = median(&Result::seconds);
+  std::sort(runs.begin(), runs.end(),
+            [](const Result& a, const Result& b) { return a.ttft_p99 < b.ttft_p99; });
+  Result m = runs[(runs.size() - 1) / 2];
+  m.ttft_p50 = p50;
+  m.ttft_p99 = p99;
+  m.seconds = seconds;
+  m.p99_low = runs.front().ttft_p99;
+  m.p99_high = runs.back().ttft_p99;
   return m;
 }
 
