@@ -70,10 +70,8 @@ int32_t argmax(std::span<const float> logits) {
   float max = -std::numeric_limits<float>::infinity();
   for (float v : lane_max) max = v > max ? v : max;
   for (; i < logits.size(); ++i) max = logits[i] > max ? logits[i] : max;
-  for (size_t k = 0; k < logits.size(); ++k) {
-    if (logits[k] == max) return static_cast<int32_t>(k);
-  }
-  return 0;
+  const auto first = std::find(logits.begin(), logits.end(), max);
+  return first == logits.end() ? 0 : static_cast<int32_t>(first - logits.begin());
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
