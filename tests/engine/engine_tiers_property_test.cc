@@ -19,6 +19,7 @@
 
 #include "engine/engine_fixture.h"
 #include "kv/content_hash.h"
+#include "kv/disk_store.h"
 #include "redis_server.h"
 #include "scratch_dir.h"
 
@@ -50,8 +51,8 @@ std::set<std::string> block_names(const std::vector<Sent>& sent) {
 
 std::vector<std::string> disk_files(const fs::path& dir) {
   std::vector<std::string> stems;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() == ".kvb") stems.push_back(e.path().stem().string());
+  for (const kv::StoredDiskBlock& b : kv::DiskStore::stored_blocks(dir)) {
+    stems.push_back(kv::to_hex(b.hash));
   }
   return stems;
 }

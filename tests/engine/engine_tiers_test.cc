@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "engine/engine_fixture.h"
+#include "kv/disk_store.h"
 #include "redis_server.h"
 #include "scratch_dir.h"
 
@@ -54,9 +55,7 @@ Completion cold_run(const Loaded& m, const std::vector<int32_t>& prompt) {
 }
 
 size_t block_files(const fs::path& dir) {
-  size_t n = 0;
-  for (const auto& e : fs::directory_iterator(dir)) n += e.path().extension() == ".kvb" ? 1 : 0;
-  return n;
+  return kv::DiskStore::stored_blocks(dir).size();
 }
 
 TEST(EngineTiers, BlocksLoadedFromDiskGiveBitIdenticalLogits) {
@@ -147,11 +146,14 @@ TEST(EngineTiers, ADamagedBlockIsRecomputedAndCounted) {
   const auto block = std::vector<int32_t>(prompt.begin(), prompt.begin() + 16);
   kv::Hash256 h = kv::chain_hash(ns, kv::Hash256{}, block);
   h = kv::chain_hash(ns, h, std::span(prompt).subspan(16, 16));
-  const fs::path file = dir / kv::DiskStore::file_name(h);
-  ASSERT_TRUE(fs::exists(file));
+  std::optional<kv::DiskBlockLocation> where;
+  for (const kv::StoredDiskBlock& b : kv::DiskStore::stored_blocks(dir)) {
+    if (b.hash == h) where = b.location;
+  }
+  ASSERT_TRUE(where);
   {
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(kv::kTierHeaderBytes + 5);
+    std::fstream f(where->file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(where->offset + kv::kTierHeaderBytes + 5));
     f.put('\x7f');
   }
   const Completion again = complete(e, recorded(prompt, ns));

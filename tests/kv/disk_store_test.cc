@@ -13,6 +13,7 @@
 #include <numeric>
 #include <thread>
 
+#include "base/error.h"
 #include "kv/tier_fixtures.h"
 #include "scratch_dir.h"
 
@@ -34,14 +35,34 @@ size_t block_bytes() {
   return kTierHeaderBytes + identity().geometry.bytes_per_block();
 }
 
+// Blocks whose slot headers are whole in dir's segment files.
+size_t blocks_on_disk(const fs::path& dir) {
+  return DiskStore::stored_blocks(dir).size();
+}
+
+// Every file in dir but the stores' lock files.
+size_t data_files(const fs::path& dir) {
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    n += e.is_regular_file() && e.path().extension() != ".lock" ? 1 : 0;
+  }
+  return n;
+}
+
 TEST(DiskStore, RoundTripsABlock) {
   const fs::path dir = fresh_dir("roundtrip");
   DiskStore store(dir, TierCodec(identity()), 1 << 20);
   const auto p = payload(1);
   ASSERT_TRUE(store.put(ns_of(1), hash_of(1), 4, p));
   EXPECT_TRUE(store.contains(hash_of(1)));
-  EXPECT_TRUE(fs::exists(dir / DiskStore::file_name(hash_of(1))));
-  EXPECT_EQ(fs::file_size(dir / DiskStore::file_name(hash_of(1))), block_bytes());
+  const auto where = store.location(hash_of(1));
+  ASSERT_TRUE(where);
+  EXPECT_TRUE(fs::exists(where->file));
+  EXPECT_EQ(where->bytes, block_bytes());
+  EXPECT_EQ(store.slot_bytes(), block_bytes());
+  const auto stored = DiskStore::stored_blocks(dir);
+  ASSERT_EQ(stored.size(), 1u);
+  EXPECT_EQ(stored[0].hash, hash_of(1));
   std::vector<uint8_t> out(p.size());
   ASSERT_TRUE(store.get(ns_of(1), hash_of(1), out));
   EXPECT_EQ(out, p);
@@ -90,86 +111,150 @@ TEST(DiskStore, NeverUsesOrDeletesBlocksOfAnotherModelOrLayout) {
     EXPECT_FALSE(store.get(ns_of(1), hash_of(1), out));
     EXPECT_EQ(store.clear(), 0u);
   }
-  EXPECT_TRUE(fs::exists(dir / DiskStore::file_name(hash_of(1))));
+  const auto stored = DiskStore::stored_blocks(dir);
+  ASSERT_EQ(stored.size(), 1u);
+  EXPECT_EQ(stored[0].hash, hash_of(1));
+}
+
+// Two processes writing the same model's slots in one directory would overwrite each other's
+// blocks: the second is refused with a clear error; another layout may share the directory.
+TEST(DiskStore, ASecondStoreOfTheSameLayoutInOneDirectoryIsRefused) {
+  const fs::path dir = fresh_dir("locked");
+  DiskStore store(dir, TierCodec(identity()), 1 << 20);
+  EXPECT_THAT([&] { DiskStore(dir, TierCodec(identity()), 1 << 20); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("another kvcache process")));
+  TierIdentity other = identity();
+  other.geometry.block_tokens = 8;
+  DiskStore beside(dir, TierCodec(other), 1 << 20);
+  ASSERT_TRUE(
+      beside.put(ns_of(1), hash_of(1), 4, std::vector<uint8_t>(other.geometry.bytes_per_block())));
+  ASSERT_TRUE(store.put(ns_of(1), hash_of(2), 4, payload(2)));
+  std::vector<uint8_t> out(payload(2).size());
+  ASSERT_TRUE(store.get(ns_of(1), hash_of(2), out));
+  EXPECT_EQ(out, payload(2));
+}
+
+// Freed slots are written again before the segment grows, and a freed block is not found by
+// the next scan.
+TEST(DiskStore, ReusesFreedSlotsAndForgetsFreedBlocks) {
+  const fs::path dir = fresh_dir("reuse");
+  {
+    DiskStore store(dir, TierCodec(identity()), 1 << 20);
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(store.put(ns_of(1), hash_of(i), 4, payload(i)));
+    const auto freed = store.location(hash_of(1));
+    ASSERT_TRUE(store.erase(hash_of(1)));
+    ASSERT_TRUE(store.put(ns_of(1), hash_of(9), 4, payload(9)));
+    EXPECT_EQ(store.location(hash_of(9))->offset, freed->offset);
+    ASSERT_TRUE(store.erase(hash_of(2)));
+  }
+  DiskStore again(dir, TierCodec(identity()), 1 << 20);
+  EXPECT_EQ(again.stats().found_at_open, 3u);
+  EXPECT_FALSE(again.contains(hash_of(1)));
+  EXPECT_FALSE(again.contains(hash_of(2)));
+  std::vector<uint8_t> out(payload(0).size());
+  for (const int i : {0, 3, 9}) {
+    ASSERT_TRUE(again.get(ns_of(1), hash_of(i), out)) << i;
+    EXPECT_EQ(out, payload(i));
+  }
 }
 
 TEST(DiskStore, RefusesAndDeletesDamagedBlocks) {
   const fs::path dir = fresh_dir("damaged");
   DiskStore store(dir, TierCodec(identity()), 1 << 20);
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(store.put(ns_of(1), hash_of(i), 4, payload(i)));
-  // 0: truncated payload; 1: a flipped payload byte; 2: a flipped header byte; 3: read under
-  // another namespace.
-  fs::resize_file(dir / DiskStore::file_name(hash_of(0)), block_bytes() - 5);
+  // 3 (the last slot of its segment): truncated payload; 1: a flipped payload byte; 2: a
+  // flipped header byte; 0: read under another namespace.
+  const DiskBlockLocation last = *store.location(hash_of(3));
+  ASSERT_EQ(fs::file_size(last.file), last.offset + block_bytes());
+  fs::resize_file(last.file, last.offset + block_bytes() - 5);
   auto flip = [&](int i, size_t offset) {
-    std::fstream f(dir / DiskStore::file_name(hash_of(i)),
-                   std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(offset));
+    const DiskBlockLocation at = *store.location(hash_of(i));
+    std::fstream f(at.file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(at.offset + offset));
     char c = 0;
     f.read(&c, 1);
     c = static_cast<char>(c ^ 0x10);
-    f.seekp(static_cast<std::streamoff>(offset));
+    f.seekp(static_cast<std::streamoff>(at.offset + offset));
     f.write(&c, 1);
   };
   flip(1, kTierHeaderBytes + 17);
   flip(2, 150);  // inside the payload size field
   std::vector<uint8_t> out(payload(0).size());
-  EXPECT_FALSE(store.get(ns_of(1), hash_of(0), out));
+  EXPECT_FALSE(store.get(ns_of(1), hash_of(3), out));
   EXPECT_FALSE(store.get(ns_of(1), hash_of(1), out));
   EXPECT_FALSE(store.get(ns_of(1), hash_of(2), out));
-  EXPECT_FALSE(store.get(ns_of(2), hash_of(3), out));
+  EXPECT_FALSE(store.get(ns_of(2), hash_of(0), out));
   EXPECT_EQ(store.stats().corrupt, 4u);
   EXPECT_EQ(store.stats().blocks, 0u);
   EXPECT_EQ(store.stats().bytes, 0u);
-  for (int i = 0; i < 4; ++i) EXPECT_FALSE(fs::exists(dir / DiskStore::file_name(hash_of(i))));
+  EXPECT_EQ(blocks_on_disk(dir), 0u);
   // The store keeps working.
   ASSERT_TRUE(store.put(ns_of(1), hash_of(0), 4, payload(0)));
   ASSERT_TRUE(store.get(ns_of(1), hash_of(0), out));
   EXPECT_EQ(out, payload(0));
+  EXPECT_EQ(blocks_on_disk(dir), 1u);
 }
 
 TEST(DiskStore, StaysWithinItsBudgetDroppingTheLeastRecentlyUsed) {
   const fs::path dir = fresh_dir("budget");
-  DiskStore store(dir, TierCodec(identity()), 3 * block_bytes());
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(store.put(ns_of(1), hash_of(i), 4, payload(i)));
-  std::vector<uint8_t> out(payload(0).size());
-  ASSERT_TRUE(store.get(ns_of(1), hash_of(0), out));  // 0 is now the most recently used
-  ASSERT_TRUE(store.put(ns_of(1), hash_of(3), 4, payload(3)));
-  EXPECT_TRUE(store.contains(hash_of(0)));
-  EXPECT_FALSE(store.contains(hash_of(1)));
-  EXPECT_FALSE(fs::exists(dir / DiskStore::file_name(hash_of(1))));
-  EXPECT_EQ(store.stats().evictions, 1u);
-  EXPECT_EQ(store.stats().bytes, 3 * block_bytes());
+  {
+    DiskStore store(dir, TierCodec(identity()), 3 * block_bytes());
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(store.put(ns_of(1), hash_of(i), 4, payload(i)));
+    std::vector<uint8_t> out(payload(0).size());
+    ASSERT_TRUE(store.get(ns_of(1), hash_of(0), out));  // 0 is now the most recently used
+    ASSERT_TRUE(store.put(ns_of(1), hash_of(3), 4, payload(3)));
+    EXPECT_TRUE(store.contains(hash_of(0)));
+    EXPECT_FALSE(store.contains(hash_of(1)));
+    EXPECT_EQ(blocks_on_disk(dir), 3u);
+    EXPECT_EQ(store.stats().evictions, 1u);
+    EXPECT_EQ(store.stats().bytes, 3 * block_bytes());
+  }
   // A smaller budget after a restart trims to it.
   DiskStore smaller(dir, TierCodec(identity()), 2 * block_bytes());
   EXPECT_EQ(smaller.stats().blocks, 2u);
-  size_t files = 0;
-  for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file();
-  EXPECT_EQ(files, 2u);
+  EXPECT_EQ(blocks_on_disk(dir), 2u);
 }
 
-TEST(DiskStore, RemovesOnlyItsOwnInterruptedWritesAtOpen) {
+// Files that only look like the store's, and links, are never written, followed or deleted:
+// the store writes its blocks in other segments.
+TEST(DiskStore, LeavesFilesItDoesNotRecogniseAlone) {
   const fs::path dir = fresh_dir("leftovers");
-  const std::string temp = fmt::format(".{}.kvb.tmp.123.4", to_hex(hash_of(1)));
-  std::ofstream(dir / temp) << "half a block";
+  std::string tag;
+  {
+    DiskStore store(dir, TierCodec(identity()), 1 << 20);
+    ASSERT_TRUE(store.put(ns_of(1), hash_of(1), 4, payload(1)));
+    const fs::path segment = store.location(hash_of(1))->file;
+    tag = segment.filename().string().substr(0, 16);
+    EXPECT_EQ(segment.filename().string(), tag + "-000000.kvs");
+    EXPECT_EQ(store.clear(), 1u);
+    fs::remove(segment);
+  }
+  const auto named = [&](int n) { return dir / fmt::format("{}-{:06}.kvs", tag, n); };
   std::ofstream(dir / "notes.txt") << "not ours";
-  std::ofstream(dir / DiskStore::file_name(hash_of(2))) << "bad magic, not a block";
-  fs::create_directories(dir / DiskStore::file_name(hash_of(3)));
+  std::ofstream(named(0)) << "bad magic, not a segment";
+  fs::create_directories(named(1));
   const fs::path target = kvc::testing::scratch_dir() / "leftovers-target";
   std::ofstream(target) << "must survive";
-  fs::create_symlink(target, dir / DiskStore::file_name(hash_of(4)));
+  fs::create_symlink(target, named(2));
   DiskStore store(dir, TierCodec(identity()), 1 << 20);
-  EXPECT_FALSE(fs::exists(dir / temp));
-  EXPECT_TRUE(fs::exists(dir / "notes.txt"));
-  EXPECT_TRUE(fs::exists(dir / DiskStore::file_name(hash_of(2))));
-  EXPECT_TRUE(fs::is_directory(dir / DiskStore::file_name(hash_of(3))));
-  EXPECT_TRUE(fs::exists(target));
   EXPECT_EQ(store.stats().blocks, 0u);
-  EXPECT_EQ(store.clear(), 0u);
-  EXPECT_TRUE(fs::exists(target));
+  EXPECT_EQ(store.stats().foreign_files, 1u);
+  ASSERT_TRUE(store.put(ns_of(1), hash_of(1), 4, payload(1)));
+  std::vector<uint8_t> out(payload(1).size());
+  ASSERT_TRUE(store.get(ns_of(1), hash_of(1), out));
+  EXPECT_EQ(out, payload(1));
+  EXPECT_NE(store.location(hash_of(1))->file, named(0));
+  EXPECT_NE(store.location(hash_of(1))->file, named(2));
+  EXPECT_EQ(store.clear(), 1u);
+  std::ifstream bad(named(0));
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(bad), {}), "bad magic, not a segment");
+  EXPECT_TRUE(fs::is_directory(named(1)));
+  std::ifstream kept(target);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), "must survive");
   EXPECT_TRUE(fs::exists(dir / "notes.txt"));
 }
 
-TEST(DiskStore, AFailedWriteLeavesNoFileAndIsCounted) {
+TEST(DiskStore, AFailedWriteLeavesNoBlockAndIsCounted) {
   const fs::path dir = fresh_dir("full");
   // A file size limit below one block makes every write fail as a full disk would; it is set
   // in a child process so that nothing else in this test program is limited.
@@ -188,9 +273,7 @@ TEST(DiskStore, AFailedWriteLeavesNoFileAndIsCounted) {
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
-  size_t files = 0;
-  for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file() ? 1 : 0;
-  EXPECT_EQ(files, 0u);
+  EXPECT_EQ(data_files(dir), 0u);  // not even an empty segment
   // A block bigger than the whole budget is refused, not written.
   DiskStore tiny(dir, TierCodec(identity()), block_bytes() - 1);
   EXPECT_FALSE(tiny.put(ns_of(1), hash_of(1), 4, payload(1)));
@@ -198,7 +281,7 @@ TEST(DiskStore, AFailedWriteLeavesNoFileAndIsCounted) {
 }
 
 // kill -9 in the middle of writing: every block found at the next open is whole and correct
-// (writes are a temporary file renamed into place), and the interrupted temporary is removed.
+// (a slot's header is written after its payload, so an interrupted write is never found).
 TEST(DiskStore, AfterKillNineEveryBlockFoundIsWhole) {
   const fs::path dir = fresh_dir("kill9");
   int ready[2];
@@ -236,9 +319,6 @@ TEST(DiskStore, AfterKillNineEveryBlockFoundIsWhole) {
   }
   EXPECT_EQ(whole, found);
   EXPECT_EQ(again.stats().corrupt, 0u);
-  for (const auto& e : fs::directory_iterator(dir)) {
-    EXPECT_EQ(e.path().extension(), ".kvb") << e.path();  // no temporary left behind
-  }
   std::printf("[ measured ] %zu whole blocks found after kill -9\n", found);
 }
 
