@@ -219,9 +219,9 @@ void DiskStore::scan() {
     uint64_t bytes;
   };
   std::vector<Found> found;
-  std::vector<uint64_t> duplicates;
-  uint64_t foreign = 0, high = 0;
+  uint64_t foreign = 0;
   std::map<uint64_t, int> open;
+  std::map<uint64_t, uint64_t> high;
   std::set<uint64_t> unusable;
   for_each_segment(
       dir_, tag_, O_RDWR,
@@ -256,10 +256,8 @@ void DiskStore::scan() {
             continue;
           }
           found.push_back({th->block_hash, slot, kTierHeaderBytes + th->payload_bytes});
-          high = std::max(high, slot + 1);
         }
-        // Slots past the last block found are free too.
-        if (slots > 0) high = std::max(high, number * slots_per_segment_ + slots);
+        high[number] = slots;
       },
       &foreign);
   std::sort(found.begin(), found.end(),
@@ -267,8 +265,11 @@ void DiskStore::scan() {
   MutexLock lock(mu_);
   segments_ = std::move(open);
   unusable_segments_ = std::move(unusable);
-  next_slot_ = high;
-  for (uint64_t s = 0; s < high; ++s) free_slots_.insert(s);
+  segment_high_ = std::move(high);
+  // The slots within each segment's file are free until a block is found in them.
+  for (const auto& [number, slots] : segment_high_) {
+    for (uint64_t i = 0; i < slots; ++i) free_slots_.insert(number * slots_per_segment_ + i);
+  }
   for (const Found& f : found) {
     auto [it, fresh] = entries_.try_emplace(f.hash);
     if (!fresh) {  // the same block twice (a slot freed where holes cannot be punched)
@@ -319,10 +320,15 @@ uint64_t DiskStore::take_slot_locked() {
     free_slots_.erase(free_slots_.begin());
     if (unusable_segments_.count(s / slots_per_segment_) == 0) return s;
   }
-  while (unusable_segments_.count(next_slot_ / slots_per_segment_) > 0) {
-    next_slot_ = (next_slot_ / slots_per_segment_ + 1) * slots_per_segment_;
+  for (auto& [number, high] : segment_high_) {
+    if (high < slots_per_segment_ && unusable_segments_.count(number) == 0) {
+      return number * slots_per_segment_ + high++;
+    }
   }
-  return next_slot_++;
+  uint64_t number = 0;  // a new segment, under the lowest number not taken
+  while (segment_high_.count(number) > 0 || unusable_segments_.count(number) > 0) ++number;
+  segment_high_[number] = 1;
+  return number * slots_per_segment_;
 }
 
 void DiskStore::release_slot_locked(uint64_t slot) {
@@ -504,7 +510,7 @@ size_t DiskStore::clear() {
       if (::ftruncate(fd, kSegmentHeaderBytes) != 0) return n;  // keep the slots as they are
     }
     free_slots_.clear();
-    next_slot_ = 0;
+    for (auto& [number, high] : segment_high_) high = 0;
   }
   return n;
 }

@@ -146,10 +146,11 @@ class DiskStore {
   std::map<uint64_t, Hash256> by_use_ GUARDED_BY(mu_);   // last_used -> block, oldest first
   std::map<Hash256, uint64_t> writing_ GUARDED_BY(mu_);  // blocks being written -> slot
   std::map<uint64_t, int> segments_ GUARDED_BY(mu_);     // segment number -> open file
-  std::set<uint64_t> free_slots_ GUARDED_BY(mu_);        // below next_slot_
+  // Free slots below their segment's high-water mark (the slots above it are free too).
+  std::set<uint64_t> free_slots_ GUARDED_BY(mu_);
+  std::map<uint64_t, uint64_t> segment_high_ GUARDED_BY(mu_);  // segment -> slots handed out
   // Segment numbers whose file is not one the store can use (another file took the name).
   std::set<uint64_t> unusable_segments_ GUARDED_BY(mu_);
-  uint64_t next_slot_ GUARDED_BY(mu_) = 0;  // slots ever used since the last clear
   // Bumped whenever a slot is freed, so a read that raced with it is not taken for damage.
   std::map<uint64_t, uint64_t> generation_ GUARDED_BY(mu_);
   uint64_t clock_ GUARDED_BY(mu_) = 0;

@@ -81,8 +81,15 @@ TEST(DiskStore, FindsItsBlocksAgainAfterARestart) {
     DiskStore store(dir, TierCodec(identity()), 1 << 20);
     for (int i = 0; i < 5; ++i) ASSERT_TRUE(store.put(ns_of(1), hash_of(i), 4, payload(i)));
   }
+  // A copy of the segment under a far number: its blocks are the same ones, found once.
+  const auto stored = DiskStore::stored_blocks(dir);
+  ASSERT_EQ(stored.size(), 5u);
+  const fs::path segment = stored[0].location.file;
+  const std::string far = segment.filename().string().substr(0, 16) + "-999999999.kvs";
+  fs::copy_file(segment, dir / far);
   DiskStore again(dir, TierCodec(identity()), 1 << 20);
   EXPECT_EQ(again.stats().found_at_open, 5u);
+  EXPECT_EQ(DiskStore::stored_blocks(dir).size(), 5u);  // the copies' slots were freed
   for (int i = 0; i < 5; ++i) {
     std::vector<uint8_t> out(payload(i).size());
     ASSERT_TRUE(again.get(ns_of(1), hash_of(i), out)) << i;
