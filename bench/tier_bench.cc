@@ -1,5 +1,7 @@
 #include "bench/tier_bench.h"
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <stdlib.h>
 
@@ -14,6 +16,7 @@
 #include "base/histogram.h"
 #include "bench/bench_requests.h"
 #include "engine/engine.h"
+#include "kv/disk_store.h"
 #include "model/llama_model.h"
 #include "model/tokenizer.h"
 
@@ -43,8 +46,8 @@ struct Result {
   engine::TierCounts tiers;
 };
 
-// A directory made by this process (mkdtemp), holding only block files of the disk tier; the
-// bench deletes those through the tier, then the empty directory.
+// A directory made by this process (mkdtemp), holding only the disk tier's files; the bench
+// deletes those (kv::DiskStore::remove_files), then the empty directory.
 class TierDir {
  public:
   TierDir() {
@@ -55,6 +58,7 @@ class TierDir {
     path_ = pattern;
   }
   ~TierDir() {
+    kv::DiskStore::remove_files(path_);
     std::error_code ec;
     fs::remove(path_, ec);  // empty by then; a non-empty directory is left, never walked
   }
@@ -242,6 +246,9 @@ void run_tier_bench(const TierBenchOptions& o, std::ostream& out) {
       for (size_t k = 0; k < std::size(kPolicies); ++k) {
         const Policy p = kPolicies[(k + static_cast<size_t>(rep)) % std::size(kPolicies)];
         TierDir dir;
+        // What the previous policy wrote is on the disk before this one starts, so that its
+        // write-back does not fall on this policy's requests.
+        ::sync();
         engine::Engine e(*model, tokenizer, options_for(*model, w, p, dir.path(), o.threads));
         const kv::Hash256 ns = e.namespace_for("bench");
         Result r = replay(e, w.requests, ns);

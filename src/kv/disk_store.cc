@@ -550,4 +550,20 @@ std::vector<StoredDiskBlock> DiskStore::stored_blocks(const std::filesystem::pat
   return blocks;
 }
 
+size_t DiskStore::remove_files(const std::filesystem::path& dir) {
+  std::vector<fs::path> doomed;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    std::error_code fec;
+    if (!e.is_regular_file(fec) || e.is_symlink(fec)) continue;
+    const std::string name = e.path().filename().string();
+    const bool lock =
+        name.size() == 16 + 5 && name.ends_with(".lock") && is_hex(name.substr(0, 16));
+    if (lock || segment_number(name, "")) doomed.push_back(e.path());
+  }
+  size_t n = 0;
+  for (const fs::path& p : doomed) n += fs::remove(p, ec) ? 1 : 0;
+  return n;
+}
+
 }  // namespace kvc::kv

@@ -112,6 +112,10 @@ class DiskStore {
   // The blocks whose slot headers are whole in the segment files of dir, whatever their model
   // or layout, with where each lies (reads headers only; for tools and tests).
   static std::vector<StoredDiskBlock> stored_blocks(const std::filesystem::path& dir);
+  // Deletes the segment and lock files of every model and layout in dir (regular files known
+  // by their names; nothing else, never recursively), for a directory no store has open;
+  // returns how many.
+  static size_t remove_files(const std::filesystem::path& dir);
 
  private:
   struct Entry {

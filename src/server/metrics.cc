@@ -203,7 +203,7 @@ std::string render_metrics(const engine::Engine& engine, const std::string& mode
                d(t.redis_writes.dropped + t.redis_store.skipped));
     }
     if (t.disk) {
-      p.family("kvcache_tier_disk_bytes", "gauge", "Bytes of block files in the disk tier.");
+      p.family("kvcache_tier_disk_bytes", "gauge", "Bytes of the disk tier's occupied block slots.");
       p.sample("kvcache_tier_disk_bytes", {}, d(t.disk_store.bytes));
     }
     p.family("kvcache_tier_decisions_total", "counter",

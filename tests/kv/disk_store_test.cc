@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <csignal>
 #include <fstream>
 #include <numeric>
@@ -165,6 +166,35 @@ TEST(DiskStore, ReusesFreedSlotsAndForgetsFreedBlocks) {
   }
 }
 
+// Slots are freed and written again while other threads read them: a read that loses the
+// race is a miss, never a wrong block and never counted as damage.
+TEST(DiskStore, ReadsRacingWithSlotReuseReturnTheRightBlockOrNothing) {
+  const fs::path dir = fresh_dir("race");
+  DiskStore store(dir, TierCodec(identity()), 3 * block_bytes());
+  std::atomic<bool> stop{false};
+  std::atomic<int> hits{0}, wrong{0};
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 2; ++r) {
+    readers.emplace_back([&, r] {
+      std::vector<uint8_t> out(payload(0).size());
+      for (int i = r; !stop.load(); i = (i + 1) % 8) {
+        if (!store.get(ns_of(1), hash_of(i), out)) continue;
+        ++hits;
+        if (out != payload(i)) ++wrong;
+      }
+    });
+  }
+  for (int round = 0; round < 3000; ++round)
+    store.put(ns_of(1), hash_of(round % 8), 4, payload(round % 8));
+  stop = true;
+  for (std::thread& t : readers) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(hits.load(), 0);
+  EXPECT_EQ(store.stats().corrupt, 0u);
+  EXPECT_EQ(store.stats().read_errors, 0u);
+  EXPECT_LE(store.stats().bytes, 3 * block_bytes());
+}
+
 TEST(DiskStore, RefusesAndDeletesDamagedBlocks) {
   const fs::path dir = fresh_dir("damaged");
   DiskStore store(dir, TierCodec(identity()), 1 << 20);
@@ -243,22 +273,30 @@ TEST(DiskStore, LeavesFilesItDoesNotRecogniseAlone) {
   const fs::path target = kvc::testing::scratch_dir() / "leftovers-target";
   std::ofstream(target) << "must survive";
   fs::create_symlink(target, named(2));
-  DiskStore store(dir, TierCodec(identity()), 1 << 20);
-  EXPECT_EQ(store.stats().blocks, 0u);
-  EXPECT_EQ(store.stats().foreign_files, 1u);
-  ASSERT_TRUE(store.put(ns_of(1), hash_of(1), 4, payload(1)));
-  std::vector<uint8_t> out(payload(1).size());
-  ASSERT_TRUE(store.get(ns_of(1), hash_of(1), out));
-  EXPECT_EQ(out, payload(1));
-  EXPECT_NE(store.location(hash_of(1))->file, named(0));
-  EXPECT_NE(store.location(hash_of(1))->file, named(2));
-  EXPECT_EQ(store.clear(), 1u);
-  std::ifstream bad(named(0));
-  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(bad), {}), "bad magic, not a segment");
+  {
+    DiskStore store(dir, TierCodec(identity()), 1 << 20);
+    EXPECT_EQ(store.stats().blocks, 0u);
+    EXPECT_EQ(store.stats().foreign_files, 1u);
+    ASSERT_TRUE(store.put(ns_of(1), hash_of(1), 4, payload(1)));
+    std::vector<uint8_t> out(payload(1).size());
+    ASSERT_TRUE(store.get(ns_of(1), hash_of(1), out));
+    EXPECT_EQ(out, payload(1));
+    EXPECT_NE(store.location(hash_of(1))->file, named(0));
+    EXPECT_NE(store.location(hash_of(1))->file, named(2));
+    EXPECT_EQ(store.clear(), 1u);
+    std::ifstream bad(named(0));
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(bad), {}), "bad magic, not a segment");
+    EXPECT_TRUE(fs::is_directory(named(1)));
+    std::ifstream kept(target);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), "must survive");
+    EXPECT_TRUE(fs::exists(dir / "notes.txt"));
+  }
+  // Removing the stores' files takes the real segment and the lock, and nothing else.
+  EXPECT_EQ(DiskStore::remove_files(dir), 3u);  // segments 0 (bad magic) and 3, the lock
   EXPECT_TRUE(fs::is_directory(named(1)));
-  std::ifstream kept(target);
-  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), "must survive");
+  EXPECT_TRUE(fs::is_symlink(named(2)));
   EXPECT_TRUE(fs::exists(dir / "notes.txt"));
+  EXPECT_TRUE(fs::exists(target));
 }
 
 TEST(DiskStore, AFailedWriteLeavesNoBlockAndIsCounted) {
