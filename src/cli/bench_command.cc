@@ -203,7 +203,7 @@ void add_bench_command(CLI::App& app) {
   tiers_cmd->add_option("--seed", tiers->seed, "Workload seed")->capture_default_str();
   tiers_cmd
       ->add_option("--repeat", tiers->repeat,
-                   "Runs of each policy, in rotated order; TTFT p50/p99 are their medians")
+                   "Runs of each policy, in varied order; TTFT p50/p99 are their medians")
       ->capture_default_str();
   tiers_cmd->add_flag("--json", tiers->json, "One JSON document");
   tiers_cmd->callback([tiers, tiers_preset] {
