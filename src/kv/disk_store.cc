@@ -163,6 +163,27 @@ void for_each_segment(const fs::path& dir, std::string_view tag, int open_flags,
   }
 }
 
+// Calls visit(slot index, offset, header) for each slot of the segment open as fd whose
+// header is whole and parses; returns the slots the file holds (the last may be cut short).
+template <typename Visit>
+uint64_t for_each_slot_header(int fd, const SegmentHeader& h, Visit visit) {
+  struct stat st {};
+  const uint64_t size = ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  const uint64_t slots =
+      size <= kSegmentHeaderBytes
+          ? 0
+          : std::min(h.slots, (size - kSegmentHeaderBytes + h.slot_bytes - 1) / h.slot_bytes);
+  std::array<uint8_t, kTierHeaderBytes> head{};
+  for (uint64_t i = 0; i < slots; ++i) {
+    const uint64_t offset = kSegmentHeaderBytes + i * h.slot_bytes;
+    if (pread_up_to(fd, head.data(), head.size(), offset) != static_cast<ssize_t>(head.size())) {
+      continue;
+    }
+    std::string why;
+    if (const auto th = decode_tier_header(head, why)) visit(i, offset, *th);
+  }
+  return slots;
+}
 }  // namespace
 
 DiskStore::DiskStore(std::filesystem::path dir, TierCodec codec, uint64_t max_bytes)
@@ -235,29 +256,14 @@ void DiskStore::scan() {
           return;
         }
         open[number] = fd;
-        struct stat st {};
-        const uint64_t size = ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
-        const uint64_t slots =
-            size <= kSegmentHeaderBytes
-                ? 0
-                : std::min(slots_per_segment_,
-                           (size - kSegmentHeaderBytes + slot_bytes_ - 1) / slot_bytes_);
-        std::array<uint8_t, kTierHeaderBytes> head{};
-        for (uint64_t i = 0; i < slots; ++i) {
-          const uint64_t slot = number * slots_per_segment_ + i;
-          if (pread_up_to(fd, head.data(), head.size(), slot_offset(slot)) !=
-              static_cast<ssize_t>(head.size())) {
-            continue;
-          }
-          std::string why;
-          const auto th = decode_tier_header(head, why);
-          if (!th || !identity_mismatch(*th, codec_.identity()).empty() ||
-              th->payload_bytes + kTierHeaderBytes > slot_bytes_) {
-            continue;
-          }
-          found.push_back({th->block_hash, slot, kTierHeaderBytes + th->payload_bytes});
-        }
-        high[number] = slots;
+        high[number] =
+            for_each_slot_header(fd, h, [&](uint64_t i, uint64_t, const TierBlockHeader& th) {
+              if (identity_mismatch(th, codec_.identity()).empty() &&
+                  th.payload_bytes + kTierHeaderBytes <= slot_bytes_) {
+                found.push_back({th.block_hash, number * slots_per_segment_ + i,
+                                 kTierHeaderBytes + th.payload_bytes});
+              }
+            });
       },
       &foreign);
   std::sort(found.begin(), found.end(),
@@ -415,7 +421,7 @@ bool DiskStore::put(const Hash256& ns, const Hash256& block_hash, uint32_t token
       return false;
     }
     stats_.bytes += slot_bytes_;
-    writing_.emplace(block_hash, slot);
+    writing_.insert(block_hash);
   }
   // The payload first, the header last: a slot is found by a scan only once it is whole.
   const uint64_t offset = slot_offset(slot);
@@ -528,22 +534,9 @@ std::vector<StoredDiskBlock> DiskStore::stored_blocks(const std::filesystem::pat
       dir, "", O_RDONLY,
       [&](uint64_t, int fd, const SegmentHeader& h, const fs::path& file) {
         if (fd < 0) return;
-        struct stat st {};
-        const uint64_t size = ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
-        std::array<uint8_t, kTierHeaderBytes> head{};
-        for (uint64_t i = 0; i < h.slots; ++i) {
-          const uint64_t offset = kSegmentHeaderBytes + i * h.slot_bytes;
-          if (offset + kTierHeaderBytes > size) break;
-          if (pread_up_to(fd, head.data(), head.size(), offset) !=
-              static_cast<ssize_t>(head.size())) {
-            break;
-          }
-          std::string why;
-          if (const auto th = decode_tier_header(head, why)) {
-            blocks.push_back(
-                {th->block_hash, {file, offset, kTierHeaderBytes + th->payload_bytes}});
-          }
-        }
+        for_each_slot_header(fd, h, [&](uint64_t, uint64_t offset, const TierBlockHeader& th) {
+          blocks.push_back({th.block_hash, {file, offset, kTierHeaderBytes + th.payload_bytes}});
+        });
         ::close(fd);
       },
       nullptr);

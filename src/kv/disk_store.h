@@ -147,9 +147,9 @@ class DiskStore {
 
   mutable Mutex mu_;
   std::map<Hash256, Entry> entries_ GUARDED_BY(mu_);
-  std::map<uint64_t, Hash256> by_use_ GUARDED_BY(mu_);   // last_used -> block, oldest first
-  std::map<Hash256, uint64_t> writing_ GUARDED_BY(mu_);  // blocks being written -> slot
-  std::map<uint64_t, int> segments_ GUARDED_BY(mu_);     // segment number -> open file
+  std::map<uint64_t, Hash256> by_use_ GUARDED_BY(mu_);  // last_used -> block, oldest first
+  std::set<Hash256> writing_ GUARDED_BY(mu_);           // blocks being written
+  std::map<uint64_t, int> segments_ GUARDED_BY(mu_);    // segment number -> open file
   // Free slots below their segment's high-water mark (the slots above it are free too).
   std::set<uint64_t> free_slots_ GUARDED_BY(mu_);
   std::map<uint64_t, uint64_t> segment_high_ GUARDED_BY(mu_);  // segment -> slots handed out
