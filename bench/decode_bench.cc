@@ -86,14 +86,14 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
       const auto model = model::LlamaModel::load(path);
       const auto& c = model->config();
       const auto tokenizer = model::Tokenizer::from_gguf(model->file());
-      const kv::KvGeometry g = c.kv_geometry(o.kv_k_dtype, o.kv_v_dtype, kv::kDefaultBlockTokens);
+      const kv::KvGeometry g = c.kv_geometry(o.kv_k_dtype, o.kv_v_dtype, 0);
       const size_t tokens = o.prompt_tokens + o.decode_tokens + 8;
       model::Rng rng(42);
       std::vector<int32_t> prompt(o.prompt_tokens);
       for (auto& t : prompt) t = 3 + static_cast<int32_t>(rng.next() % (c.n_vocab - 3));
       for (int threads : o.threads) {
         engine::EngineOptions eo;
-        eo.kv_memory_bytes = g.blocks_for_tokens(tokens) * g.bytes_per_block();
+        eo.kv_memory_bytes = g.blocks_for_sequence(tokens) * g.bytes_per_block();
         eo.kv_k_dtype = o.kv_k_dtype;
         eo.kv_v_dtype = o.kv_v_dtype;
         eo.threads = threads;

@@ -50,9 +50,7 @@ void run_kv_dtype_bench(const KvDtypeBenchOptions& options, std::ostream& out) {
   po.context = context;
   po.bos_id = bos;
   const auto bytes_per_token = [&](DType k, DType v) {
-    kv::KvGeometry g{c.n_layers, c.n_kv_heads, c.head_dim, kv::kDefaultBlockTokens, k, v};
-    g.validate();
-    return g.bytes_per_token();
+    return c.kv_geometry(k, v, 0).bytes_per_token();
   };
   std::vector<std::vector<float>> base;
   const model::PerplexityResult f16 = model::perplexity(

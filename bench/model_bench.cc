@@ -168,7 +168,7 @@ void run_model_bench(const ModelBenchOptions& o, std::ostream& out) {
         longest, c.context_length);
   }
   const int npl_max = max_of(o.n_parallel);
-  const kv::KvGeometry g = c.kv_geometry(o.kv_k_dtype, o.kv_v_dtype, kv::kDefaultBlockTokens);
+  const kv::KvGeometry g = c.kv_geometry(o.kv_k_dtype, o.kv_v_dtype, 0);
   const std::string isa(kernels::isa_name(kernels::active_isa()));
   const std::string model_name = std::filesystem::path(o.model_path).filename().string();
 
@@ -212,8 +212,8 @@ void run_model_bench(const ModelBenchOptions& o, std::ostream& out) {
     eo.max_running = npl_max;
     eo.max_batch_tokens = 512;  // llama-bench's default micro-batch (-ub)
     // Room for the depth once and every sequence's own tokens, with a block of slack each.
-    const size_t blocks = g.blocks_for_tokens(max_of(o.n_depth)) +
-                          static_cast<size_t>(npl_max + 1) * (g.blocks_for_tokens(longest) + 1);
+    const size_t blocks = g.blocks_for_sequence(max_of(o.n_depth)) +
+                          static_cast<size_t>(npl_max + 1) * (g.blocks_for_sequence(longest) + 1);
     eo.kv_memory_bytes = blocks * g.bytes_per_block();
     Runner runner(*model, tokenizer, eo);
     runner.run(runner.random_tokens(8), 2);  // warm-up: fault in the weights, size the buffers

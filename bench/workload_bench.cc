@@ -37,9 +37,9 @@ engine::EngineOptions engine_options(const Context& c, bool cache) {
   e.prefix_cache = cache;
   e.threads = c.o.threads;
   e.max_running = std::max(c.o.users, c.o.sessions);
-  const auto g = c.model.config().kv_geometry(e.kv_k_dtype, e.kv_v_dtype, kv::kDefaultBlockTokens);
+  const auto g = c.model.config().kv_geometry(e.kv_k_dtype, e.kv_v_dtype, e.block_tokens);
   // Every user's whole sequence fits at once, so the comparison is about compute, not memory.
-  e.kv_memory_bytes = g.blocks_for_tokens(c.model.config().context_length) * (e.max_running + 2) *
+  e.kv_memory_bytes = g.blocks_for_sequence(c.model.config().context_length) * (e.max_running + 2) *
                       g.bytes_per_block();
   return e;
 }

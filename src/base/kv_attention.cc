@@ -23,9 +23,25 @@ const KvAttentionTable& table() {
   return t != nullptr ? *t : scalar_kv_attention();
 }
 
+// The channel-grouped scores loop for keys of dtype t.
+KvChannelScoresFn channel_scores(DType t) {
+  switch (t) {
+    case DType::Q8_0:
+      return table().channel_scores_q8_0;
+    case DType::Q4_0:
+      return table().channel_scores_q4_0;
+    default:
+      fail("kv_scores: keys grouped per channel are q8_0 or q4_0, not {}", dtype_name(t));
+  }
+}
+
 }  // namespace
 
 void kv_scores(const KvRows& k, const float* q, size_t n, size_t hd, float scale, float* out) {
+  if (k.channels) {
+    channel_scores(k.dtype)(&q, 1, k.base, n, hd, scale, &out);
+    return;
+  }
   switch (k.dtype) {
     case DType::F32:
     case DType::F16:
@@ -45,6 +61,10 @@ void kv_scores(const KvRows& k, const float* q, size_t n, size_t hd, float scale
 
 void kv_scores_queries(const KvRows& k, const float* const* q, size_t nq, size_t n, size_t hd,
                        float scale, float* const* out) {
+  if (k.channels) {
+    channel_scores(k.dtype)(q, nq, k.base, n, hd, scale, out);
+    return;
+  }
   if (k.dtype == DType::F32 || k.dtype == DType::F16) {
     attention_scores_queries(k.dtype, q, nq, k.base, n, hd, scale, out);
     return;

@@ -18,12 +18,15 @@ namespace kvc::kernels {
 // n rows of hd values of one head: row t's values start at element `first` of the data at
 // base + t * stride bytes. For f32/f16, first is 0 and a row is hd contiguous elements. For
 // q8_0/q4_0 a row is either hd / 32 whole groups (hd a multiple of 32, first 0) or one run of
-// hd values inside one group (hd divides 32, first a multiple of hd).
+// hd values inside one group (hd divides 32, first a multiple of hd). Keys grouped per channel
+// (channels true; q8_0/q4_0 only) are instead the (layer, KV head) slab of one block at base
+// (base/channel_keys.h), of which the first n <= kChannelTokens keys are read.
 struct KvRows {
   DType dtype = DType::F32;
   const uint8_t* base = nullptr;
   size_t stride = 0;
   int first = 0;
+  bool channels = false;
 };
 
 // out[t] = dot(q, k_t) * scale for the n rows of k.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "base/channel_keys.h"
 #include "base/dtype.h"
 #include "base/kv_attention_table.h"
 
@@ -15,6 +16,7 @@
 namespace kvc::kernels {
 namespace {
 
+#include "base/channel_codes_sse.h"
 #include "base/simd_reduce.h"
 #include "base/simd_transpose.h"
 #include "base/transposed_scores.h"
@@ -56,6 +58,17 @@ struct Lanes {
       const __m128i eight_bytes = (at & 15) == 0 ? half : _mm_srli_si128(half, 8);
       out[e / 8] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight_bytes));
     }
+  }
+  // Keys grouped per channel: a channel's 32 codes (q4_0: sixteen bytes, low nibbles first) as
+  // four vectors of floats; two queries at a time keep their eight sums in registers.
+  static constexpr int kChannelQueries = 2;
+  static void channel_codes(const uint8_t* codes, bool four, Vec out[4]) {
+    __m128i low, high;
+    channel_code_halves(codes, four, low, high);
+    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(low));
+    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(low, 8)));
+    out[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(high));
+    out[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(high, 8)));
   }
   // Heads of fewer than 8 values (no full lane): the portable loops.
   static const KvAttentionTable& narrower() { return scalar_kv_attention(); }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "base/channel_keys.h"
 #include "base/dtype.h"
 #include "base/kv_attention_table.h"
 
@@ -13,6 +14,7 @@
 namespace kvc::kernels {
 namespace {
 
+#include "base/channel_codes_sse.h"
 #include "base/simd_reduce.h"
 #include "base/simd_reduce_avx512.h"
 #include "base/simd_transpose.h"
@@ -52,6 +54,15 @@ struct Lanes {
       const __m128i values = _mm_sub_epi8(_mm_and_si128(nibbles, mask), eight);
       out[e / 16] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(values));
     }
+  }
+  // Keys grouped per channel: a channel's 32 codes (q4_0: sixteen bytes, low nibbles first) as
+  // two vectors of floats; eight queries at a time keep their sixteen sums in registers.
+  static constexpr int kChannelQueries = 8;
+  static void channel_codes(const uint8_t* codes, bool four, Vec out[2]) {
+    __m128i low, high;
+    channel_code_halves(codes, four, low, high);
+    out[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(low));
+    out[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(high));
   }
   // Rows of 8 values (heads of 8): the AVX2 loops, which every AVX-512 CPU runs.
   static const KvAttentionTable& narrower() { return *avx2_kv_attention(); }

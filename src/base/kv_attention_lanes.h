@@ -360,6 +360,58 @@ void accumulate_queries(const float* const* p, size_t nq, const uint8_t* base, s
   }
 }
 
+// channel_bias in one 8-lane vector (head_dim a multiple of 8): lane i's fused multiply-adds are
+// sum i's, and hsum256 adds the lanes in channel_bias's order.
+inline float channel_bias_lanes(const float* q, const uint8_t* slab, DType t, size_t hd) {
+  const uint8_t* mins = slab + hd * channel_code_bytes(t);
+  __m256 acc = _mm256_setzero_ps();
+  for (size_t c = 0; c < hd; c += 8) {
+    const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(mins + 2 * c));
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_cvtph_ps(halves), acc);
+  }
+  return hsum256(acc);
+}
+
+// Scores of G queries against the keys of one channel-grouped slab (KvChannelScoresFn): each
+// channel's codes converted once for all G, whose sums stay in registers.
+template <class Lanes, DType kType, int G>
+void channel_scores_group(const float* const* q, const uint8_t* slab, size_t n, size_t hd,
+                          float scale, float* const* out) {
+  constexpr int kWidth = static_cast<int>(Lanes::kWidth), kVecs = kChannelTokens / kWidth;
+  const size_t code_bytes = channel_code_bytes(kType);
+  typename Lanes::Vec acc[G][kVecs];
+  for (int j = 0; j < G; ++j) {
+    const typename Lanes::Vec bias = Lanes::set1(channel_bias_lanes(q[j], slab, kType, hd));
+    for (int v = 0; v < kVecs; ++v) acc[j][v] = bias;
+  }
+  for (size_t c = 0; c < hd; ++c) {
+    typename Lanes::Vec codes[kVecs];
+    Lanes::channel_codes(slab + c * code_bytes, kType == DType::Q4_0, codes);
+    const float step = channel_slab_step(slab, kType, hd, c);
+    for (int j = 0; j < G; ++j) {
+      const typename Lanes::Vec weight = Lanes::set1(q[j][c] * step);
+      for (int v = 0; v < kVecs; ++v) acc[j][v] = Lanes::fma(weight, codes[v], acc[j][v]);
+    }
+  }
+  const typename Lanes::Vec scales = Lanes::set1(scale);
+  for (int j = 0; j < G; ++j) {
+    float all[kChannelTokens];
+    for (int v = 0; v < kVecs; ++v) Lanes::store(all + v * kWidth, Lanes::mul(acc[j][v], scales));
+    std::copy(all, all + n, out[j]);
+  }
+}
+
+template <class Lanes, DType kType>
+void channel_scores(const float* const* q, size_t nq, const uint8_t* slab, size_t n, size_t hd,
+                    float scale, float* const* out) {
+  constexpr size_t kMost = Lanes::kChannelQueries;
+  size_t j = 0;
+  for (; j + kMost <= nq; j += kMost) {
+    channel_scores_group<Lanes, kType, kMost>(q + j, slab, n, hd, scale, out + j);
+  }
+  for (; j < nq; ++j) channel_scores_group<Lanes, kType, 1>(q + j, slab, n, hd, scale, out + j);
+}
+
 // The table of these loops for one instruction set.
 template <class Lanes>
 const KvAttentionTable& kv_attention_table() {
@@ -371,6 +423,8 @@ const KvAttentionTable& kv_attention_table() {
       scores_queries<Lanes, BlockQ8_0>,
       scores_queries<Lanes, BlockQ4_0>,
       accumulate_queries<Lanes, BlockQ8_0, Lanes::kPanel, Lanes::kGroup>,
-      accumulate_queries<Lanes, BlockQ4_0, Lanes::kPanel, Lanes::kGroup>};
+      accumulate_queries<Lanes, BlockQ4_0, Lanes::kPanel, Lanes::kGroup>,
+      channel_scores<Lanes, DType::Q8_0>,
+      channel_scores<Lanes, DType::Q4_0>};
   return table;
 }

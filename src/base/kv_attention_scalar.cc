@@ -1,4 +1,7 @@
 // Portable quantised attention loops: the reference the SIMD versions are tested against.
+#include <cmath>
+
+#include "base/channel_keys.h"
 #include "base/dtype.h"
 #include "base/kv_attention_table.h"
 
@@ -58,6 +61,23 @@ void accumulate_queries(const float* const* p, size_t nq, const uint8_t* base, s
   accumulate_each<Block>(scalar_kv_attention(), p, nq, base, stride, first, n, hd, out);
 }
 
+template <DType kType>
+void channel_scores(const float* const* q, size_t nq, const uint8_t* slab, size_t n, size_t hd,
+                    float scale, float* const* out) {
+  for (size_t j = 0; j < nq; ++j) {
+    const float bias = channel_bias(q[j], slab, kType, hd);
+    for (size_t t = 0; t < n; ++t) {
+      float acc = bias;
+      for (size_t c = 0; c < hd; ++c) {
+        const float weight = q[j][c] * channel_slab_step(slab, kType, hd, c);
+        acc = std::fma(weight,
+                       static_cast<float>(channel_code(slab, kType, c, static_cast<int>(t))), acc);
+      }
+      out[j][t] = acc * scale;
+    }
+  }
+}
+
 }  // namespace
 
 const KvAttentionTable& scalar_kv_attention() {
@@ -68,7 +88,9 @@ const KvAttentionTable& scalar_kv_attention() {
                                       scores_queries<BlockQ8_0>,
                                       scores_queries<BlockQ4_0>,
                                       accumulate_queries<BlockQ8_0>,
-                                      accumulate_queries<BlockQ4_0>};
+                                      accumulate_queries<BlockQ4_0>,
+                                      channel_scores<DType::Q8_0>,
+                                      channel_scores<DType::Q4_0>};
   return table;
 }
 

@@ -23,6 +23,13 @@ using KvAccumulateQueriesFn = void (*)(const float* const* p, size_t nq, const u
                                        size_t stride, int first, size_t n, size_t hd,
                                        float* const* out);
 
+// Scores of nq queries against the n first keys (n <= kChannelTokens) of one (layer, KV head)
+// slab of a block whose keys are grouped per channel (base/channel_keys.h). Per key t:
+// channel_bias, then for each channel c in order a fused multiply-add of (q[c] * step_c) and
+// code(c, t), then times scale: the same bits for every query count and instruction set.
+using KvChannelScoresFn = void (*)(const float* const* q, size_t nq, const uint8_t* slab, size_t n,
+                                   size_t hd, float scale, float* const* out);
+
 struct KvAttentionTable {
   KvScoresFn scores_q8_0;
   KvScoresFn scores_q4_0;
@@ -32,6 +39,8 @@ struct KvAttentionTable {
   KvScoresQueriesFn scores_queries_q4_0;
   KvAccumulateQueriesFn accumulate_queries_q8_0;
   KvAccumulateQueriesFn accumulate_queries_q4_0;
+  KvChannelScoresFn channel_scores_q8_0;
+  KvChannelScoresFn channel_scores_q4_0;
 };
 
 // A table's loop for Block (BlockQ8_0 or BlockQ4_0): its q8_0 one or its q4_0 one.

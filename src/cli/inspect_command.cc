@@ -139,7 +139,8 @@ void inspect(const std::string& path, bool all_tensors) {
 
   std::printf("\nKV cache per token (all %d layers, K and V):\n", config->n_layers);
   for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0}) {
-    const kv::KvGeometry g{config->n_layers, config->n_kv_heads, config->head_dim, 16, t, t};
+    const kv::KvGeometry g{
+        config->n_layers, config->n_kv_heads, config->head_dim, kv::block_tokens_for(t, 0), t, t};
     try {
       g.validate();
     } catch (const Error&) {

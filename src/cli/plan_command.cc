@@ -32,7 +32,9 @@ void add_plan_command(CLI::App& app) {
       ->delimiter(',')
       ->type_name("N[,N...]");
   add_kv_dtype_options(*cmd, args->kv_dtypes, "f16");
-  cmd->add_option("--block-tokens", args->block_tokens, "Tokens per KV block")
+  cmd->add_option(
+         "--block-tokens", args->block_tokens,
+         "Tokens per KV block (default 16; 32, the per-channel key group, with quantised keys)")
       ->type_name("N")
       ->capture_default_str();
   cmd->add_option("--budget", args->budget, "Memory budget, e.g. 24GiB, 80GB, 512MiB or bytes")

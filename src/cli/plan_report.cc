@@ -169,9 +169,12 @@ Plan make_plan(const PlanArgs& args) {
   const KvDtypes kv = resolve_kv_dtypes(args.kv_dtypes, DType::F16, false);
   o.k_dtype = kv.k;
   o.v_dtype = kv.v;
-  const uint64_t block = parse_count(args.block_tokens, "--block-tokens");
-  if (block > 4096) fail("--block-tokens must be 1..4096, got {}", block);
-  o.block_tokens = static_cast<int>(block);
+  const uint64_t block =
+      args.block_tokens.empty() ? 0 : parse_count(args.block_tokens, "--block-tokens");
+  if (!args.block_tokens.empty() && (block == 0 || block > 4096)) {
+    fail("--block-tokens must be 1..4096, got {}", args.block_tokens);
+  }
+  o.block_tokens = kv::block_tokens_for(o.k_dtype, static_cast<int>(block));
   if (args.weights != "included" && args.weights != "excluded") {
     fail("--weights must be 'included' or 'excluded', got '{}'", args.weights);
   }

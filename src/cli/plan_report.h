@@ -23,7 +23,7 @@ struct PlanArgs {
   std::vector<std::string> contexts;       // --context: each "N" or "N,N,..."
   std::vector<std::string> concurrencies;  // --concurrency: as contexts; none means 1
   KvDtypeArgs kv_dtypes;                   // --kv-dtype, --kv-dtype-k, --kv-dtype-v (f16)
-  std::string block_tokens = std::to_string(kv::kDefaultBlockTokens);  // --block-tokens
+  std::string block_tokens;          // --block-tokens; empty: kv::block_tokens_for the key dtype
   std::string budget;                // --budget: a size; empty for none
   std::string weights = "included";  // --weights: included or excluded from the budget
   std::string weights_dtype;         // --weights-dtype: empty for the source's own

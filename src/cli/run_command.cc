@@ -41,7 +41,7 @@ struct RunArgs {
   int64_t seed = -1;
   int threads = 0;
   std::string kv_memory;
-  int block_tokens = kv::kDefaultBlockTokens;
+  int block_tokens = 0;
   KvDtypeArgs kv_dtypes;
   int prefill_chunk = 512;
   bool ignore_eos = false;
@@ -129,7 +129,7 @@ void run(const RunArgs& a) {
   // By default the pool holds one full context, which is all a single sequence can use.
   const uint64_t kv_bytes =
       a.kv_memory.empty()
-          ? geometry.blocks_for_tokens(config.context_length) * geometry.bytes_per_block()
+          ? geometry.blocks_for_sequence(config.context_length) * geometry.bytes_per_block()
           : parse_byte_size(a.kv_memory);
   const int threads = thread_count(a.threads);
   // One sequence at a time, through the same engine `serve` uses.
@@ -228,7 +228,9 @@ void add_run_command(CLI::App& app) {
   add_tier_options(*cmd, args->tiers);
   cmd->add_option("--kv-memory", args->kv_memory,
                   "KV pool size, e.g. 256MiB (default: one full context)");
-  cmd->add_option("--block-tokens", args->block_tokens, "Tokens per KV block")
+  cmd->add_option(
+         "--block-tokens", args->block_tokens,
+         "Tokens per KV block (default 16; 32, the per-channel key group, with quantised keys)")
       ->capture_default_str();
   add_kv_dtype_options(*cmd, args->kv_dtypes, "f16");
   cmd->add_option("--prefill-chunk", args->prefill_chunk, "Prompt tokens per forward pass")

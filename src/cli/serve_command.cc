@@ -34,7 +34,7 @@ struct ServeArgs {
   std::string host = "127.0.0.1";
   int port = 8080;
   std::string kv_memory;
-  int block_tokens = kv::kDefaultBlockTokens;
+  int block_tokens = 0;
   KvDtypeArgs kv_dtypes;
   std::string api_keys;
   bool no_prefix_cache = false;
@@ -259,7 +259,9 @@ void add_serve_command(CLI::App& app) {
   add_tier_options(*cmd, args->tiers);
   cmd->add_option("--kv-memory", args->kv_memory,
                   "KV pool size, e.g. 256MiB (default: max-running full contexts, within 2 GiB)");
-  cmd->add_option("--block-tokens", args->block_tokens, "Tokens per KV block")
+  cmd->add_option(
+         "--block-tokens", args->block_tokens,
+         "Tokens per KV block (default 16; 32, the per-channel key group, with quantised keys)")
       ->capture_default_str();
   add_kv_dtype_options(*cmd, args->kv_dtypes, "f16");
   cmd->add_option("--api-keys", args->api_keys,

@@ -34,11 +34,12 @@ Engine::Engine(const model::LlamaModel& model, const model::Tokenizer& tokenizer
       queue_(Histogram::latency_ms_bounds()) {
   const auto& c = model_.config();
   geometry_ = c.kv_geometry(options_.kv_k_dtype, options_.kv_v_dtype, options_.block_tokens);
+  options_.block_tokens = geometry_.block_tokens;
   uint64_t bytes = options_.kv_memory_bytes;
   if (bytes == 0) {
     // Room for every running sequence at full context, within 2 GiB but never below one.
     const uint64_t context =
-        geometry_.blocks_for_tokens(c.context_length) * geometry_.bytes_per_block();
+        geometry_.blocks_for_sequence(c.context_length) * geometry_.bytes_per_block();
     bytes = std::max(context, std::min<uint64_t>(context * options_.max_running, 2ull << 30));
   }
   KvCacheOptions ko;
@@ -67,9 +68,6 @@ Engine::Engine(const model::LlamaModel& model, const model::Tokenizer& tokenizer
   const int threads =
       options_.threads > 0 ? options_.threads : std::max(1u, std::thread::hardware_concurrency());
   threads_ = std::make_unique<ThreadPool>(threads);
-  // Keys stored quantised are centred by a calibration pass: run it now rather than inside the
-  // first request's step (and before the cost model times passes).
-  if (block_elements(options_.kv_k_dtype) > 1) model_.key_centres(*threads_);
   {
     MutexLock lock(state_mu_);
     if (kv_->has_tiers()) calibrate_costs();
@@ -174,7 +172,7 @@ std::shared_ptr<RequestHandle> Engine::submit(Request request) {
   }
   // Accepting means it will run: alone in the pool, its whole prompt and output must fit.
   const size_t longest = std::min(context, request.prompt.size() + request.max_tokens);
-  const size_t need = geometry_.blocks_for_tokens(longest);
+  const size_t need = geometry_.blocks_for_sequence(longest);
   if (need > num_blocks_) {
     MutexLock lock(stats_mu_);
     ++stats_.rejected_too_large;
@@ -287,7 +285,7 @@ void Engine::finish(Sequence& s, FinishReason reason, const std::string& error) 
     if (!tail.empty()) s.handle->push(TokenEvent{-1, std::move(tail), {}});
   }
   if (s.table) {
-    s.stats.kv_blocks = s.table->blocks().size();
+    s.stats.kv_blocks = s.table->blocks().size() + s.table->open_key_blocks().size();
     kv_->seal(s, true);
     kv_->keep_session(s.req.session_id, s);
     kv_->detach(s);

@@ -32,8 +32,8 @@
 namespace kvc::engine {
 
 struct EngineOptions {
-  uint64_t kv_memory_bytes = 0;  // 0: room for max_running full contexts (within 2 GiB)
-  int block_tokens = kv::kDefaultBlockTokens;
+  uint64_t kv_memory_bytes = 0;   // 0: room for max_running full contexts (within 2 GiB)
+  int block_tokens = 0;           // 0: kv::block_tokens_for the key dtype
   DType kv_k_dtype = DType::F16;  // keys' storage type in the KV pool
   DType kv_v_dtype = DType::F16;  // values' storage type
   int threads = 0;                // 0: all cores

@@ -123,7 +123,7 @@ const kv::PrefixMatch& KvCacheManager::computed(Sequence& s) {
 }
 
 size_t KvCacheManager::blocks_to_admit(Sequence& s, size_t tokens) {
-  const size_t need = pool_->geometry().blocks_for_tokens(tokens);
+  const size_t need = pool_->geometry().blocks_for_sequence(tokens);
   return need - std::min(need, computed(s).shared_blocks);
 }
 

@@ -77,7 +77,7 @@ struct RequestStats {
   double prefill_ms = 0;  // last admission to first token
   double decode_ms = 0;   // first token to last token
   double e2e_ms = 0;
-  size_t kv_blocks = 0;  // blocks the sequence held at its end (shared ones included)
+  size_t kv_blocks = 0;  // blocks the sequence held at its end (shared and open-key ones included)
   FinishReason finish_reason = FinishReason::kNone;
   std::string stop_string;  // the stop string that ended it, if any
 };

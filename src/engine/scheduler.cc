@@ -169,7 +169,7 @@ StepPlan Scheduler::plan(KvCacheManager& kv) {
         plan.failed.emplace_back(
             s, fmt::format("the KV pool cannot hold this sequence: {} tokens need {} blocks, "
                            "the pool has {}",
-                           s->written + n, g.blocks_for_tokens(s->written + n),
+                           s->written + n, g.blocks_for_sequence(s->written + n),
                            kv.pool().num_blocks()));
       } else {
         preempt(kv, *s, plan);  // the newest, lowest-priority sequence yields to the others

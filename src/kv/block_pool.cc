@@ -95,6 +95,15 @@ void BlockPool::copy_tokens(BlockId src, BlockId dst, int n_tokens) {
   // One contiguous run of n_tokens rows per slab (token grouping) or per head within it.
   for (int l = 0; l < g.n_layers; ++l) {
     for (int kind = 0; kind < 2; ++kind) {
+      if (g.grouping(kind) == KvGrouping::kChannel) {
+        // A block's keys grouped per channel exist only once it is full (before, they are in
+        // its sequence's open-key blocks).
+        if (n_tokens == g.block_tokens) {
+          const size_t at = g.slab_offset(l, kind);
+          std::memcpy(to + at, from + at, g.slab_bytes(kind));
+        }
+        continue;
+      }
       if (g.grouping(kind) == KvGrouping::kToken) {
         const size_t at = g.slab_offset(l, kind);
         std::memcpy(to + at, from + at, g.token_bytes(kind) * n_tokens);

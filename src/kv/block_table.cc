@@ -1,12 +1,19 @@
 #include "kv/block_table.h"
 
+#include <cstring>
 #include <utility>
+
+#include "base/error.h"
 
 namespace kvc::kv {
 
 BlockTable::BlockTable(BlockTable&& other) noexcept
-    : pool_(other.pool_), source_(other.source_), blocks_(std::move(other.blocks_)) {
+    : pool_(other.pool_),
+      source_(other.source_),
+      blocks_(std::move(other.blocks_)),
+      open_keys_(std::move(other.open_keys_)) {
   other.blocks_.clear();
+  other.open_keys_.clear();
 }
 
 BlockTable& BlockTable::operator=(BlockTable&& other) noexcept {
@@ -15,26 +22,52 @@ BlockTable& BlockTable::operator=(BlockTable&& other) noexcept {
     pool_ = other.pool_;
     source_ = other.source_;
     blocks_ = std::move(other.blocks_);
+    open_keys_ = std::move(other.open_keys_);
     other.blocks_.clear();
+    other.open_keys_.clear();
   }
   return *this;
 }
 
-bool BlockTable::reserve(size_t n_tokens) {
-  const size_t need = pool_->geometry().blocks_for_tokens(n_tokens);
-  const size_t before = blocks_.size();
-  while (blocks_.size() < need) {
-    auto id = source_->take_block();
+namespace {
+
+// Takes blocks from source onto `into` until it has n; on failure returns those it took.
+bool take_blocks(BlockPool& pool, BlockSource& source, std::vector<BlockId>& into, size_t n) {
+  const size_t before = into.size();
+  while (into.size() < n) {
+    auto id = source.take_block();
     if (!id) {
-      while (blocks_.size() > before) {
-        pool_->release(blocks_.back());
-        blocks_.pop_back();
+      while (into.size() > before) {
+        pool.release(into.back());
+        into.pop_back();
       }
       return false;
     }
-    blocks_.push_back(*id);
+    into.push_back(*id);
   }
   return true;
+}
+
+}  // namespace
+
+bool BlockTable::reserve(size_t n_tokens) {
+  const KvGeometry& g = pool_->geometry();
+  const size_t before = blocks_.size();
+  if (!take_blocks(*pool_, *source_, blocks_, g.blocks_for_tokens(n_tokens))) return false;
+  if (n_tokens > 0 && !take_blocks(*pool_, *source_, open_keys_, g.open_key_blocks())) {
+    while (blocks_.size() > before) {
+      pool_->release(blocks_.back());
+      blocks_.pop_back();
+    }
+    return false;
+  }
+  return true;
+}
+
+uint16_t* BlockTable::open_keys(int layer) const {
+  const KvGeometry& g = pool_->geometry();
+  uint8_t* block = pool_->data(open_keys_.at(g.open_key_block_of(layer)));
+  return reinterpret_cast<uint16_t*>(block + g.open_key_offset(layer));
 }
 
 void BlockTable::append_shared(BlockId id) {
@@ -45,6 +78,13 @@ void BlockTable::append_shared(BlockId id) {
 BlockTable BlockTable::fork() const {
   BlockTable copy(*pool_, source_);
   for (BlockId id : blocks_) copy.append_shared(id);
+  if (!take_blocks(*pool_, *source_, copy.open_keys_, open_keys_.size())) {
+    fail("fork: no KV block is free for the open keys of the copy");
+  }
+  for (size_t i = 0; i < open_keys_.size(); ++i) {
+    std::memcpy(pool_->data(copy.open_keys_[i]), pool_->data(open_keys_[i]),
+                pool_->geometry().bytes_per_block());
+  }
   return copy;
 }
 
@@ -63,7 +103,9 @@ bool BlockTable::ensure_writable(size_t pos) {
 
 void BlockTable::clear() {
   for (BlockId id : blocks_) pool_->release(id);
+  for (BlockId id : open_keys_) pool_->release(id);
   blocks_.clear();
+  open_keys_.clear();
 }
 
 }  // namespace kvc::kv

@@ -12,10 +12,9 @@ Hash256 namespace_hash(const NamespaceKey& key) {
       .str(key.tenant_salt)
       .str(key.adapter)
       .str(key.arithmetic);
-  // Quantised keys are stored centred (model/key_centres.h) and, where heads are a power of two
-  // in size, rotated (model/head_rotation.h): blocks written before either, with the same dtype
-  // names, hold other bytes. f16 and f32 keys keep their namespace.
-  if (block_elements(key.k_dtype) > 1) h.str("keys-centred-rotated-1");
+  // Quantised keys are grouped per channel across a block (base/channel_keys.h): blocks of
+  // the same dtypes stored per token by earlier versions must not be read as these.
+  if (block_elements(key.k_dtype) > 1) h.str("keys-per-channel-1");
   return h.finish();
 }
 

@@ -1,5 +1,6 @@
 #include "kv/kv_geometry.h"
 
+#include "base/channel_keys.h"
 #include "base/error.h"
 #include "base/kernels.h"
 
@@ -17,23 +18,34 @@ bool quantised(DType t) {
 
 KvGrouping KvGeometry::grouping(int kind) const {
   const DType t = dtype(kind);
-  return !quantised(t) || head_dim % kGroup == 0 ? KvGrouping::kHead : KvGrouping::kToken;
+  if (!quantised(t)) return KvGrouping::kHead;
+  if (kind == 0) return KvGrouping::kChannel;
+  return head_dim % kGroup == 0 ? KvGrouping::kHead : KvGrouping::kToken;
+}
+
+size_t KvGeometry::slab_bytes(int kind) const {
+  const DType t = dtype(kind);
+  switch (grouping(kind)) {
+    case KvGrouping::kChannel:
+      return static_cast<size_t>(n_kv_heads) * kernels::channel_slab_bytes(t, head_dim);
+    case KvGrouping::kToken:
+      return row_bytes(t, static_cast<size_t>(n_kv_heads) * head_dim) * block_tokens;
+    case KvGrouping::kHead:
+      break;
+  }
+  return static_cast<size_t>(n_kv_heads) * row_bytes(t, head_dim) * block_tokens;
 }
 
 size_t KvGeometry::token_bytes(int kind) const {
-  const DType t = dtype(kind);
-  if (grouping(kind) == KvGrouping::kToken) {
-    return row_bytes(t, static_cast<size_t>(n_kv_heads) * head_dim);
-  }
-  return static_cast<size_t>(n_kv_heads) * row_bytes(t, head_dim);
+  return (slab_bytes(kind) + block_tokens - 1) / block_tokens;
 }
 
 size_t KvGeometry::bytes_per_token() const {
-  return static_cast<size_t>(n_layers) * (token_bytes(0) + token_bytes(1));
+  return (bytes_per_block() + block_tokens - 1) / block_tokens;
 }
 
 size_t KvGeometry::bytes_per_block() const {
-  return bytes_per_token() * block_tokens;
+  return static_cast<size_t>(n_layers) * (slab_bytes(0) + slab_bytes(1));
 }
 
 size_t KvGeometry::blocks_for_tokens(size_t n) const {
@@ -41,14 +53,17 @@ size_t KvGeometry::blocks_for_tokens(size_t n) const {
 }
 
 size_t KvGeometry::slab_offset(int layer, int kind) const {
-  const size_t k_slab = token_bytes(0) * block_tokens;
-  const size_t layer_bytes = k_slab + token_bytes(1) * block_tokens;
-  return static_cast<size_t>(layer) * layer_bytes + (kind == 0 ? 0 : k_slab);
+  const size_t k_slab = slab_bytes(0);
+  return static_cast<size_t>(layer) * (k_slab + slab_bytes(1)) + (kind == 0 ? 0 : k_slab);
 }
 
 KvRun KvGeometry::run(int layer, int kind, int kv_head) const {
   const size_t slab = slab_offset(layer, kind);
   const DType t = dtype(kind);
+  if (grouping(kind) == KvGrouping::kChannel) {
+    return KvRun{slab + static_cast<size_t>(kv_head) * kernels::channel_slab_bytes(t, head_dim), 0,
+                 0};
+  }
   if (grouping(kind) == KvGrouping::kToken) {
     const size_t element = static_cast<size_t>(kv_head) * head_dim;
     return KvRun{slab + element / kGroup * block_bytes(t), token_bytes(kind),
@@ -66,6 +81,9 @@ size_t KvGeometry::offset(int layer, int kind, int kv_head, int token) const {
 void KvGeometry::store_token(uint8_t* block, int layer, int kind, int slot,
                              const float* values) const {
   const DType t = dtype(kind);
+  if (grouping(kind) == KvGrouping::kChannel) {
+    fail("store_token: keys grouped per channel are stored a block at a time");
+  }
   if (grouping(kind) == KvGrouping::kToken) {
     const size_t at = slab_offset(layer, kind) + static_cast<size_t>(slot) * token_bytes(kind);
     kernels::quantize(t, values, block + at, static_cast<size_t>(n_kv_heads) * head_dim);
@@ -75,6 +93,32 @@ void KvGeometry::store_token(uint8_t* block, int layer, int kind, int slot,
     kernels::quantize(t, values + static_cast<size_t>(h) * head_dim,
                       block + offset(layer, kind, h, slot), head_dim);
   }
+}
+
+void KvGeometry::store_block_keys(uint8_t* block, int layer, const uint16_t* keys) const {
+  const size_t head_keys = static_cast<size_t>(block_tokens) * head_dim;
+  for (int h = 0; h < n_kv_heads; ++h) {
+    kernels::quantize_channel_keys(k_dtype, keys + h * head_keys, head_dim,
+                                   block + run(layer, 0, h).offset);
+  }
+}
+
+size_t KvGeometry::open_layer_bytes() const {
+  return static_cast<size_t>(n_kv_heads) * block_tokens * head_dim * sizeof(uint16_t);
+}
+
+size_t KvGeometry::open_key_blocks() const {
+  if (!keys_by_channel()) return 0;
+  const size_t per_block = bytes_per_block() / open_layer_bytes();
+  return (static_cast<size_t>(n_layers) + per_block - 1) / per_block;
+}
+
+size_t KvGeometry::open_key_block_of(int layer) const {
+  return static_cast<size_t>(layer) / (bytes_per_block() / open_layer_bytes());
+}
+
+size_t KvGeometry::open_key_offset(int layer) const {
+  return static_cast<size_t>(layer) % (bytes_per_block() / open_layer_bytes()) * open_layer_bytes();
 }
 
 void KvGeometry::validate() const {
@@ -90,6 +134,25 @@ void KvGeometry::validate() const {
     if (t != DType::F32 && t != DType::F16 && t != DType::Q8_0 && t != DType::Q4_0) {
       fail("KV geometry: the block pool stores {} as f32, f16, q8_0 or q4_0, not {}", what,
            dtype_name(t));
+    }
+    if (quantised(t) && kind == 0) {
+      if (block_tokens != kernels::kChannelTokens) {
+        fail(
+            "KV geometry: keys stored as {} are grouped per channel across a block of {} tokens; "
+            "the block size is {} (use --block-tokens {})",
+            dtype_name(t), kernels::kChannelTokens, block_tokens, kernels::kChannelTokens);
+      }
+      if (head_dim % 8 != 0) {
+        fail("KV geometry: keys stored as {} need a head dimension that is a multiple of 8, got {}",
+             dtype_name(t), head_dim);
+      }
+      if (bytes_per_block() < open_layer_bytes()) {
+        fail(
+            "KV geometry: a block ({} bytes) cannot hold one layer's f16 keys of a block ({} "
+            "bytes), which keys stored as {} are held in until the block is full",
+            bytes_per_block(), open_layer_bytes(), dtype_name(t));
+      }
+      continue;
     }
     if (!quantised(t) || head_dim % kGroup == 0) continue;
     const int per_token = n_kv_heads * head_dim;

@@ -1,5 +1,7 @@
 #include "kv/memory_plan.h"
 
+#include "base/channel_keys.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -51,6 +53,12 @@ class Costing {
     if (pool_) {
       // The pool's own formula is the one that counts (the per-layer sum equals it here).
       bytes_per_token_ = pool_->bytes_per_token();
+      open_bytes_ = pool_->open_key_blocks() * pool_->bytes_per_block();
+    } else if (block_elements(k_dtype) > 1) {
+      // Keys grouped per channel: a running request holds its last block's keys as f16.
+      for (const auto& layer : geometry.layers) {
+        open_bytes_ += static_cast<uint64_t>(layer.kv_heads) * layer.k_head_dim * block_tokens_ * 2;
+      }
     }
   }
 
@@ -58,8 +66,9 @@ class Costing {
   // Without windows every layer holds the same blocks, so a request is a count of
   // bytes_per_block() blocks, as in the pool.
   bool blocked() const { return blocked_; }
+  // Whole blocks a running request of context tokens holds (its open keys' included).
   uint64_t blocks(uint64_t context) const {
-    return pool_ ? pool_->blocks_for_tokens(context) : ceil_div(context, block_tokens_);
+    return pool_ ? pool_->blocks_for_sequence(context) : ceil_div(context, block_tokens_);
   }
   uint64_t bytes_per_token() const { return bytes_per_token_; }
   uint64_t bytes_per_block() const {
@@ -70,7 +79,10 @@ class Costing {
   }
 
   Wide exact(uint64_t context) const {
-    if (pool_) return Wide{context} * pool_->bytes_per_token();
+    if (pool_) {
+      const Wide bytes = Wide{context} * pool_->bytes_per_block();
+      return bytes / block_tokens_ + (bytes % block_tokens_ != 0);
+    }
     Wide sum = 0;
     for (size_t i = 0; i < token_bytes_.size(); ++i) {
       const uint64_t window = geometry_.layers[i].window;
@@ -80,9 +92,10 @@ class Costing {
   }
 
   Wide allocated(uint64_t context) const {
-    if (blocked_) return Wide{blocks(context)} * bytes_per_block();
+    if (pool_) return Wide{blocks(context)} * bytes_per_block();
+    if (blocked_) return Wide{blocks(context)} * bytes_per_block() + open_bytes_;
     const uint64_t blocks = ceil_div(context, block_tokens_);
-    Wide sum = 0;
+    Wide sum = open_bytes_;
     for (size_t i = 0; i < token_bytes_.size(); ++i) {
       const uint64_t window = geometry_.layers[i].window;
       // A window of W tokens that slides over B-token blocks straddles at most
@@ -97,7 +110,10 @@ class Costing {
   // Largest context that n requests can each reach within kv_budget bytes; nullopt when every
   // layer is windowed and n requests fit even at unbounded length.
   std::optional<uint64_t> max_context(uint64_t n, uint64_t kv_budget) const {
-    if (blocked_) return kv_budget / bytes_per_block() / n * block_tokens_;
+    if (blocked_) {
+      const uint64_t each = kv_budget / n;
+      return each < open_bytes_ ? 0 : (each - open_bytes_) / bytes_per_block() * block_tokens_;
+    }
     const auto fits = [&](uint64_t context) { return allocated(context) * n <= kv_budget; };
     uint64_t hi = 0;
     if (has_full_layer()) {
@@ -120,6 +136,7 @@ class Costing {
   uint64_t block_tokens_;
   std::vector<uint64_t> token_bytes_;
   uint64_t bytes_per_token_ = 0;
+  uint64_t open_bytes_ = 0;  // f16 keys of a running request's last block, where quantised
   uint64_t min_full_token_bytes_ = std::numeric_limits<uint64_t>::max();
   uint64_t max_window_ = 0;
   bool blocked_ = true;
@@ -204,14 +221,28 @@ void AttentionGeometry::validate() const {
 
 uint64_t layer_token_bytes(const AttentionLayer& layer, DType k_dtype, DType v_dtype) {
   if (layer.latent_dim > 0) return row_bytes_rounded(k_dtype, layer.latent_dim);
-  return static_cast<uint64_t>(layer.kv_heads) * (row_bytes_rounded(k_dtype, layer.k_head_dim) +
-                                                  row_bytes_rounded(v_dtype, layer.v_head_dim));
+  const auto heads = static_cast<uint64_t>(layer.kv_heads);
+  // Quantised keys: a block's channel slab spread over its tokens.
+  const uint64_t k_bytes =
+      block_elements(k_dtype) > 1
+          ? ceil_div(
+                heads * kernels::channel_slab_bytes(k_dtype, static_cast<size_t>(layer.k_head_dim)),
+                kernels::kChannelTokens)
+          : heads * row_bytes_rounded(k_dtype, layer.k_head_dim);
+  return k_bytes + heads * row_bytes_rounded(v_dtype, layer.v_head_dim);
 }
 
 MemoryPlan plan_memory(const AttentionGeometry& geometry, const PlanOptions& options) {
   geometry.validate();
   if (options.block_tokens <= 0 || options.block_tokens > 4096) {
     fail("block size must be 1..4096 tokens, got {}", options.block_tokens);
+  }
+  if (block_elements(options.k_dtype) > 1 && options.block_tokens != kernels::kChannelTokens) {
+    fail(
+        "keys stored as {} are grouped per channel across a block of {} tokens; the block size "
+        "is {} (use --block-tokens {})",
+        dtype_name(options.k_dtype), kernels::kChannelTokens, options.block_tokens,
+        kernels::kChannelTokens);
   }
   for (uint64_t c : options.contexts) {
     if (c == 0) fail("context length must be positive, got 0");

@@ -115,6 +115,10 @@ size_t PrefixIndex::HashKey::operator()(const Hash256& h) const {
 PrefixIndex::PrefixIndex(BlockPool& pool, PrefixIndexOptions options, Clock clock)
     : pool_(pool), options_(options), clock_(std::move(clock)) {
   node_of_block_.assign(pool.num_blocks(), nullptr);
+  // A partly filled block's keys grouped per channel are not in it yet, and its first tokens'
+  // keys would be quantised with other tokens than a cold run's: such blocks are neither
+  // indexed nor copied, and a match stops at the last whole block.
+  if (pool.geometry().keys_by_channel()) options_.partial_reuse = false;
 }
 
 PrefixIndex::~PrefixIndex() = default;
@@ -302,7 +306,8 @@ std::vector<IndexedBlock> PrefixIndex::insert(const Hash256& ns, std::span<const
                                               size_t n_tokens, const BlockTable& table,
                                               bool include_partial) {
   std::vector<IndexedBlock> added;
-  insert_blocks(ns, tokens, n_tokens, table, include_partial, added);
+  insert_blocks(ns, tokens, n_tokens, table, include_partial && !pool_.geometry().keys_by_channel(),
+                added);
   drop_if_empty(find_space(ns));
   return added;
 }

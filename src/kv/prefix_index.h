@@ -100,7 +100,9 @@ struct LeavingBlock {
 
 struct PrefixIndexOptions {
   bool enabled = true;
-  bool partial_reuse = true;  // copy the matching part of a partly matching cached block
+  // Copy the matching part of a partly matching cached block (never with keys grouped per
+  // channel, whose partly filled blocks are not indexed).
+  bool partial_reuse = true;
   size_t ledger_capacity = size_t{1} << 16;  // evicted-block hashes remembered for reasons
   // When set, eviction takes the block of least value among the value_sample least recently
   // used evictable ones (a sampled policy, as Redis approximates LRU), instead of the oldest.

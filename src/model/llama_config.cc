@@ -120,7 +120,7 @@ kv::KvGeometry LlamaConfig::kv_geometry(DType k_dtype, DType v_dtype, int block_
   g.n_layers = n_layers;
   g.n_kv_heads = n_kv_heads;
   g.head_dim = head_dim;
-  g.block_tokens = block_tokens;
+  g.block_tokens = kv::block_tokens_for(k_dtype, block_tokens);
   g.k_dtype = k_dtype;
   g.v_dtype = v_dtype;
   g.validate();

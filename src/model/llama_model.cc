@@ -5,10 +5,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "base/channel_keys.h"
 #include "base/error.h"
 #include "base/kernels.h"
 #include "base/kv_attention.h"
-#include "model/head_rotation.h"
 
 namespace kvc::model {
 
@@ -220,7 +220,8 @@ struct BlockReaders {
 }  // namespace
 
 void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<const BatchRow> rows,
-                           int layer, ForwardScratch& s) const {
+                           int layer, std::span<const uint16_t* const> own_keys,
+                           ForwardScratch& s) const {
   const LlamaConfig& c = config_;
   const kv::KvGeometry& g = pool.geometry();
   const int hd = c.head_dim;
@@ -229,6 +230,8 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
   const float scale =
       c.attention_scale > 0.0f ? c.attention_scale : 1.0f / std::sqrt(static_cast<float>(hd));
   const int bt = g.block_tokens;
+  const bool channel_keys = g.keys_by_channel();
+  const size_t channel_slab = kernels::channel_slab_bytes(g.k_dtype, static_cast<size_t>(hd));
   // A task is one KV head of one tile of rows (of one sequence, or of sequences sharing a
   // prefix): every query of the tile (its rows times the heads of the GQA group) that reads a
   // block reads it while it is in the first-level cache, instead of each query streaming the
@@ -288,7 +291,15 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
             return rows[tile.first_row + j / group].table->block_of(t0);
           };
           const auto kv_rows = [&](DType dtype, kv::BlockId id, const kv::KvRun& run) {
-            return kernels::KvRows{dtype, pool.data(id) + run.offset, run.stride, run.first};
+            return kernels::KvRows{dtype, pool.data(id) + run.offset, run.stride, run.first,
+                                   run.stride == 0};
+          };
+          // Keys grouped per channel: query j's own block, as f16 (see forward()).
+          const auto own_block_keys = [&](size_t j) {
+            const uint16_t* keys = own_keys[tile.first_row + j / group] +
+                                   static_cast<size_t>(kvh) * bt * static_cast<size_t>(hd);
+            return kernels::KvRows{DType::F16, reinterpret_cast<const uint8_t*>(keys),
+                                   static_cast<size_t>(hd) * sizeof(uint16_t), 0};
           };
           // A (layer, kv head)'s keys or values of one block are a few KiB or less, and
           // consecutive blocks lie anywhere in the pool, where the hardware prefetchers cannot
@@ -298,15 +309,15 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
           constexpr size_t kPrefetchBytes = 8192, kPrefetchQueries = 4;
           const kv::BlockTable& lead = *rows[tile.first_row].table;
           const auto prefetch = [&](size_t t0, const kv::KvRun& run) {
-            const size_t blocks_ahead =
-                std::clamp<size_t>(kPrefetchBytes / (bt * run.stride), 2, 16);
+            const size_t run_bytes = run.stride == 0 ? channel_slab : bt * run.stride;
+            const size_t blocks_ahead = std::clamp<size_t>(kPrefetchBytes / run_bytes, 2, 16);
             const size_t ahead = t0 + blocks_ahead * bt;
             // The lead sequence may be shorter than the tile's longest (a shared prefix).
             if (queries > kPrefetchQueries || ahead >= std::min(longest, lead.capacity_tokens())) {
               return;
             }
             const uint8_t* base = pool.data(lead.block_of(ahead)) + run.offset;
-            for (size_t at = 0; at < bt * run.stride; at += 64) __builtin_prefetch(base + at);
+            for (size_t at = 0; at < run_bytes; at += 64) __builtin_prefetch(base + at);
           };
           // Calls partial(j, block, n) for each query that sees only the first n positions of
           // block position t0, and whole(block, queries) for those that see all of it, grouped
@@ -314,7 +325,9 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
           const bool one_table =
               std::all_of(rows.begin() + tile.first_row, rows.begin() + tile.first_row + tile.rows,
                           [&](const BatchRow& r) { return r.table == &lead; });
-          const auto visit = [&](size_t t0, auto&& partial, auto&& whole) {
+          // With own_apart (keys grouped per channel), a query's own block is read apart even
+          // when the query sees all of it.
+          const auto visit = [&](size_t t0, bool own_apart, auto&& partial, auto&& whole) {
             members.clear();
             readers.full.clear();
             const kv::BlockId lead_block = one_table ? lead.block_of(t0) : kv::BlockId{};
@@ -322,7 +335,8 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
               if (!sees_block(j, t0)) continue;
               const size_t n = std::min<size_t>(bt, n_pos[j] - t0);
               const kv::BlockId id = one_table ? lead_block : block_of(j, t0);
-              if (n < static_cast<size_t>(bt)) {
+              if (n < static_cast<size_t>(bt) ||
+                  (own_apart && n_pos[j] - t0 <= static_cast<size_t>(bt))) {
                 partial(j, id, n);
               } else if (one_table) {
                 members.push_back(j);
@@ -339,10 +353,11 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
             // sequences sharing a prefix included); those whose causal limit falls inside it
             // score their own prefix of it.
             visit(
-                t0,
+                t0, channel_keys,
                 [&](size_t j, kv::BlockId id, size_t n) {
-                  kernels::kv_scores(kv_rows(g.k_dtype, id, k_run), s.q.data() + q_of(j), n, hd,
-                                     scale, scores.data() + j * longest + t0);
+                  kernels::kv_scores(
+                      channel_keys ? own_block_keys(j) : kv_rows(g.k_dtype, id, k_run),
+                      s.q.data() + q_of(j), n, hd, scale, scores.data() + j * longest + t0);
                 },
                 [&](kv::BlockId id, std::span<const size_t> js) {
                   q_ptrs.clear();
@@ -368,7 +383,7 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
             prefetch(t0, v_run);
             // As with the keys: the queries that weigh a whole block share each row's read.
             visit(
-                t0,
+                t0, false,
                 [&](size_t j, kv::BlockId id, size_t n) {
                   kernels::kv_accumulate(kv_rows(g.v_dtype, id, v_run),
                                          scores.data() + j * longest + t0, n, hd,
@@ -393,11 +408,6 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
         }
       },
       grain);
-}
-
-const KeyCentres& LlamaModel::key_centres(ThreadPool& threads) const {
-  std::call_once(key_centres_once_, [&] { key_centres_ = calibrate_key_centres(*this, threads); });
-  return key_centres_;
 }
 
 std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& pool,
@@ -473,16 +483,55 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
       rms_norm(&s.xb[r * d], weight.data(), &s.xb[r * d], d, c.rms_eps);
     }
   };
-  // Keys stored quantised lose their per-channel offsets first (scores move by a constant per
-  // query, which softmax ignores), then each head's keys and queries are rotated alike
-  // (model/head_rotation.h; scores unchanged).
-  const bool keys_quantised = block_elements(g.k_dtype) > 1;
-  const KeyCentres* key_centres_used = keys_quantised ? &key_centres(threads) : nullptr;
-  const std::vector<float>* centres =
-      key_centres_used != nullptr && !key_centres_used->per_layer.empty()
-          ? key_centres_used->per_layer.data()
-          : nullptr;
-  const bool rotate_heads = keys_quantised && rotates_heads(c.head_dim);
+  // Keys grouped per channel (quantised keys) are quantised a block at a time: each row's key
+  // goes, as f16, into the staging area of its (sequence, block), which is the sequence's open
+  // keys for the block it continues and scratch for the blocks after it in this batch. A block
+  // whose last token is in the batch is quantised before attention, so later rows read it as
+  // every later step will; each row reads its own block's keys as f16, as a decode step does.
+  const bool channel_keys = g.keys_by_channel();
+  const size_t bt = static_cast<size_t>(g.block_tokens);
+  struct KeyBlock {
+    const kv::BlockTable* table;
+    size_t index;       // the block's position in the table
+    int last_slot = 0;  // the batch's last slot in it
+    bool open = false;  // staged in the table's open keys (else scratch area `area`)
+    size_t area = 0;
+  };
+  std::vector<KeyBlock> key_blocks;
+  std::vector<size_t> key_block_of_row(channel_keys ? n : 0);
+  if (channel_keys) {
+    for (size_t r = 0; r < n; ++r) {
+      const size_t index = static_cast<size_t>(rows[r].pos) / bt;
+      const int slot = static_cast<int>(static_cast<size_t>(rows[r].pos) % bt);
+      const auto same = [&](const KeyBlock& b) {
+        return b.table == rows[r].table && b.index == index;
+      };
+      auto it = std::find_if(key_blocks.begin(), key_blocks.end(), same);
+      if (it == key_blocks.end()) {
+        const bool table_seen =
+            std::any_of(key_blocks.begin(), key_blocks.end(),
+                        [&](const KeyBlock& b) { return b.table == rows[r].table; });
+        if (rows[r].table->open_key_blocks().size() != g.open_key_blocks()) {
+          fail("a sequence's table holds no open-key blocks for its quantised keys (reserve it)");
+        }
+        key_blocks.push_back({rows[r].table, index, slot, !table_seen, 0});
+        it = std::prev(key_blocks.end());
+      }
+      it->last_slot = std::max(it->last_slot, slot);
+      key_block_of_row[r] = static_cast<size_t>(it - key_blocks.begin());
+    }
+    size_t areas = 0;
+    for (KeyBlock& b : key_blocks) {
+      if (!b.open) b.area = areas++;
+    }
+    s.staged_keys.resize(areas * g.open_layer_bytes() / sizeof(uint16_t));
+  }
+  const size_t head_keys = bt * static_cast<size_t>(c.head_dim);  // one head's staged keys
+  std::vector<const uint16_t*> own_keys(channel_keys ? n : 0);
+  const auto staged = [&](const KeyBlock& b, int layer) {
+    return b.open ? b.table->open_keys(layer)
+                  : s.staged_keys.data() + b.area * c.n_kv_heads * head_keys;
+  };
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
     norm_rows(w.attn_norm);
@@ -503,21 +552,43 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
       }
       apply_rope(q, c.n_heads, c.head_dim, c.n_rot, c.rope_layout, cs, sn);
       apply_rope(k, c.n_kv_heads, c.head_dim, c.n_rot, c.rope_layout, cs, sn);
-      if (centres != nullptr) {
-        const float* centre = centres[l].data();
-        for (int i = 0; i < c.kv_dim(); ++i) k[i] -= centre[i];
-      }
-      if (rotate_heads) {
-        hadamard_heads(k, c.n_kv_heads, c.head_dim, 1.0f);
-        hadamard_heads(q, c.n_heads, c.head_dim, 1.0f / static_cast<float>(c.head_dim));
-      }
       const kv::BlockTable& table = *rows[r].table;
       uint8_t* block = pool.data(table.block_of(rows[r].pos));
       const int slot = table.slot_of(rows[r].pos);
-      g.store_token(block, l, 0, slot, &s.k[r * c.kv_dim()]);
+      if (channel_keys) {
+        uint16_t* keys = staged(key_blocks[key_block_of_row[r]], l);
+        for (int h = 0; h < c.n_kv_heads; ++h) {
+          kernels::quantize(DType::F16, k + h * c.head_dim,
+                            reinterpret_cast<uint8_t*>(keys + h * head_keys + slot * c.head_dim),
+                            static_cast<size_t>(c.head_dim));
+        }
+      } else {
+        g.store_token(block, l, 0, slot, k);
+      }
       g.store_token(block, l, 1, slot, &s.v[r * c.kv_dim()]);
     }
-    attention(threads, pool, rows, l, s);
+    if (channel_keys) {
+      for (const KeyBlock& b : key_blocks) {
+        if (b.last_slot + 1 == g.block_tokens) {
+          g.store_block_keys(pool.data(b.table->blocks()[b.index]), l, staged(b, l));
+        }
+      }
+      for (size_t r = 0; r < n; ++r) own_keys[r] = staged(key_blocks[key_block_of_row[r]], l);
+    }
+    attention(threads, pool, rows, l, own_keys, s);
+    // A sequence's last block still partly filled keeps its keys in the open keys.
+    for (size_t i = 0; i < key_blocks.size(); ++i) {
+      const KeyBlock& b = key_blocks[i];
+      const bool last =
+          std::none_of(key_blocks.begin() + static_cast<std::ptrdiff_t>(i) + 1, key_blocks.end(),
+                       [&](const KeyBlock& o) { return o.table == b.table; });
+      if (!last || b.open || b.last_slot + 1 == g.block_tokens) continue;
+      const uint16_t* from = staged(b, l);
+      uint16_t* to = b.table->open_keys(l);
+      for (int h = 0; h < c.n_kv_heads; ++h) {
+        std::copy_n(from + h * head_keys, (b.last_slot + 1) * c.head_dim, to + h * head_keys);
+      }
+    }
     matmul(threads, w.wo, s.attn.data(), n, s.xb.data(), s.activations);
     norm_in_place(w.post_attn_norm);
     for (size_t i = 0; i < n * d; ++i) s.x[i] += s.xb[i];

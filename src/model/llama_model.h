@@ -19,7 +19,6 @@
 #include "kv/block_pool.h"
 #include "kv/block_table.h"
 #include "model/gguf.h"
-#include "model/key_centres.h"
 #include "model/llama_config.h"
 
 namespace kvc::model {
@@ -37,6 +36,7 @@ struct ForwardScratch {
   std::vector<float> x, xb, q, k, v, attn, gate, up, logits_in, logits;
   std::vector<float> rope_cos, rope_sin;
   std::vector<uint8_t> activations;
+  std::vector<uint16_t> staged_keys;  // f16 keys of blocks a batch fills past a sequence's open one
 };
 
 struct LayerWeights {
@@ -70,9 +70,6 @@ class LlamaModel {
   // or a token is outside the vocabulary.
   std::span<const float> forward(ThreadPool& threads, kv::BlockPool& pool,
                                  std::span<const BatchRow> rows, ForwardScratch& scratch) const;
-  // The centres subtracted from keys stored quantised (model/key_centres.h), calibrated on
-  // first use with threads.
-  const KeyCentres& key_centres(ThreadPool& threads) const;
 
  private:
   LlamaModel() = default;
@@ -81,8 +78,10 @@ class LlamaModel {
   // Rows [first, first + count) of w, in place.
   static WeightView rows_of(const WeightView& w, size_t first, size_t count);
   std::vector<float> vector(const std::string& name, size_t n) const;
+  // own_keys: per row, where keys are grouped per channel, its own block's f16 keys of this
+  // layer, [kv_head][slot][head_dim] (empty otherwise).
   void attention(ThreadPool& threads, kv::BlockPool& pool, std::span<const BatchRow> rows,
-                 int layer, ForwardScratch& s) const;
+                 int layer, std::span<const uint16_t* const> own_keys, ForwardScratch& s) const;
 
   std::shared_ptr<const gguf::File> file_;
   LlamaConfig config_;
@@ -94,8 +93,6 @@ class LlamaModel {
   // has none (all 1).
   std::vector<float> rope_freq_factors_;
   WeightView output_;
-  mutable std::once_flag key_centres_once_;
-  mutable KeyCentres key_centres_;
   uint64_t weight_bytes_ = 0;
   uint64_t bytes_read_per_token_ = 0;
 };

@@ -41,7 +41,7 @@ PerplexityResult perplexity(const LlamaModel& model, ThreadPool& threads,
   if (chunks == 0) fail("perplexity: --chunks must be positive");
 
   const kv::KvGeometry g = c.kv_geometry(o.k_dtype, o.v_dtype, o.block_tokens);
-  kv::BlockPool pool(g, g.blocks_for_tokens(ctx) * g.bytes_per_block());
+  kv::BlockPool pool(g, g.blocks_for_sequence(ctx) * g.bytes_per_block());
   ForwardScratch scratch;
   const size_t first = ctx / 2;  // the first scored position: its logits predict first + 1
   const size_t n_vocab = static_cast<size_t>(c.n_vocab);

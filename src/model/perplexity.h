@@ -24,7 +24,7 @@ struct PerplexityOptions {
   int chunks = -1;    // chunks to score; -1: every whole chunk of the text
   DType k_dtype = DType::F16;
   DType v_dtype = DType::F16;
-  int block_tokens = 16;
+  int block_tokens = 0;           // 0: kv::block_tokens_for the key dtype
   int batch_tokens = 512;         // tokens per forward pass within a chunk
   std::optional<int32_t> bos_id;  // written over each chunk's first token
 };

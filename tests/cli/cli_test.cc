@@ -59,18 +59,19 @@ TEST(Cli, RunReproducesTheReferenceStoryAndReportsSpeedAndKvBytes) {
   EXPECT_THAT(r.err, HasSubstr("KV used: 4 blocks = 40960 bytes"));
 }
 
-// q8_0 keys and q4_0 values (llama.cpp's -ctk/-ctv): 5 layers x (34 + 18) B per token.
+// q8_0 keys and q4_0 values (llama.cpp's -ctk/-ctv): 5 layers x (35 + 18) B per token, keys
+// grouped per channel over 32-token blocks.
 TEST(Cli, RunStoresQuantisedKeysAndValues) {
   KVC_REQUIRE_STORIES(model);
   const Result r =
       kvcache("run -m " + model + " -p 'Once upon a time' -n 24 --temp 0 -ctk q8_0 -ctv q4_0");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("Once upon a time, there was a little girl"));
-  EXPECT_THAT(r.err, HasSubstr("KV cache: K q8_0 / V q4_0, 16-token blocks, 260 B/token"));
+  EXPECT_THAT(r.err, HasSubstr("KV cache: K q8_0 / V q4_0, 32-token blocks, 265 B/token"));
   const Result p = kvcache("plan --model " + model + " --context 2048 --kv-dtype q8_0 --json");
   ASSERT_EQ(p.status, 0) << p.err;
   EXPECT_THAT(p.out, HasSubstr("\"kv_dtype_k\": \"q8_0\""));
-  EXPECT_THAT(p.out, HasSubstr("\"bytes_per_token\": 340"));
+  EXPECT_THAT(p.out, HasSubstr("\"bytes_per_token\": 345"));
 }
 
 TEST(Cli, SeededSamplingIsReproducible) {
@@ -135,8 +136,8 @@ TEST(Cli, InspectShowsShapesTokenizerAndKvBytes) {
   EXPECT_THAT(r.out, HasSubstr("tokenizer: llama, 512 tokens, bos 1, eos 2"));
   EXPECT_THAT(r.out, HasSubstr("f32       1280 B/token"));
   EXPECT_THAT(r.out, HasSubstr("f16        640 B/token"));
-  EXPECT_THAT(r.out, HasSubstr("q8_0       340 B/token"));
-  EXPECT_THAT(r.out, HasSubstr("q4_0       180 B/token"));
+  EXPECT_THAT(r.out, HasSubstr("q8_0       345 B/token"));
+  EXPECT_THAT(r.out, HasSubstr("q4_0       185 B/token"));
 }
 
 TEST(Cli, InspectReadsAVocabularyOnlyFile) {
@@ -240,7 +241,7 @@ TEST(Cli, BenchKvDtypesScoresEachTypeAgainstF16OnSampledText) {
   EXPECT_EQ(j["scored_tokens"], 4 * (64 - 1 - 32));  // llama-perplexity's second halves
   ASSERT_EQ(j["types"].size(), 3u);
   EXPECT_EQ(j["types"][0]["bytes_vs_f16"], 2.0);
-  EXPECT_DOUBLE_EQ(j["types"][1]["bytes_vs_f16"].get<double>(), 34.0 / 64.0);
+  EXPECT_DOUBLE_EQ(j["types"][1]["bytes_vs_f16"].get<double>(), 345.0 / 640.0);
   EXPECT_EQ(j["types"][2]["kv_dtype_k"], "q8_0");
   EXPECT_EQ(j["types"][2]["kv_dtype_v"], "q4_0");
   for (const auto& t : j["types"]) {

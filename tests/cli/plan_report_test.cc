@@ -192,8 +192,9 @@ TEST(PlanReport, TableShowsTheFigures) {
   PlanArgs mixed = llama_args();
   mixed.kv_dtypes = {"", "q8_0", "q4_0"};
   const Plan p = make_plan(mixed);
-  EXPECT_EQ(p.figures.bytes_per_token, 32u * 8 * (128 / 32) * (34 + 18));
-  EXPECT_THAT(render_table(p), HasSubstr("KV       K q8_0 / V q4_0, 16-token blocks"));
+  // Keys per channel: 35 B per 32 tokens of a channel; values 18 B per 32.
+  EXPECT_EQ(p.figures.bytes_per_token, 32u * 8 * (128 * 35 / 32 + 128 / 32 * 18));
+  EXPECT_THAT(render_table(p), HasSubstr("KV       K q8_0 / V q4_0, 32-token blocks"));
   EXPECT_THAT(render_table(p), ::testing::Not(HasSubstr("note")));
   PlanArgs bf16 = llama_args();
   bf16.kv_dtypes.both = "bf16";
@@ -288,7 +289,7 @@ TEST(PlanReport, ConfigSourceAndExcludedWeights) {
   a.kv_dtypes.both = "q8_0";
   const Plan p = make_plan(a);
   EXPECT_EQ(p.model.weights_dtype, DType::F16);
-  EXPECT_EQ(p.figures.bytes_per_token, 22u * 2 * 4 * 68);
+  EXPECT_EQ(p.figures.bytes_per_token, 22u * 4 * (64 * 35 / 32 + 2 * 34));
   EXPECT_EQ(*p.figures.kv_budget_bytes, GiB);
   EXPECT_EQ(p.options.concurrencies, std::vector<uint64_t>{1});
 }

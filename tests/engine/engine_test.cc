@@ -24,20 +24,26 @@ using kvc::testing::Generator;
 
 using ::testing::HasSubstr;
 
-TEST(Engine, ConcurrentBatchedChunkedPreemptedRequestsMatchSoloRuns) {
+// Requests run concurrently, batched, chunked and preempted under a pool too small for all of
+// them, with keys and values of the given types in blocks of block_tokens (pool_blocks of
+// them), each gets the tokens and logits of a solo run.
+void expect_engine_matches_solo_runs(DType k_dtype, DType v_dtype, int block_tokens,
+                                     size_t pool_blocks, size_t shared_tokens) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(k_dtype) << "/" << dtype_name(v_dtype));
   Loaded m(model_path());
   const int n_vocab = m.model->config().n_vocab;
   EngineOptions o;
-  o.block_tokens = 8;
+  o.kv_k_dtype = k_dtype;
+  o.kv_v_dtype = v_dtype;
+  o.block_tokens = block_tokens;
   o.threads = 2;
   o.max_batch_tokens = 24;  // prefills arrive in chunks, mixed with decodes
   o.max_running = 6;
-  // 30 blocks of 8 tokens: six ~70-token sequences cannot all fit, so some are preempted.
-  o.kv_memory_bytes =
-      m.model->config().kv_geometry(DType::F16, DType::F16, 8).bytes_per_block() * 30;
+  const kv::KvGeometry g = m.model->config().kv_geometry(k_dtype, v_dtype, block_tokens);
+  o.kv_memory_bytes = g.bytes_per_block() * pool_blocks;
   Engine engine(*m.model, *m.tokenizer, o);
   model::Rng rng(99);
-  const auto shared = random_prompt(rng, n_vocab, 30);
+  const auto shared = random_prompt(rng, n_vocab, shared_tokens);
   std::vector<Request> requests;
   for (int i = 0; i < 12; ++i) {
     auto p = (i % 3 == 0) ? random_prompt(rng, n_vocab, 20 + i) : shared;
@@ -54,7 +60,6 @@ TEST(Engine, ConcurrentBatchedChunkedPreemptedRequestsMatchSoloRuns) {
   std::vector<Outcome> outcomes;
   for (auto& h : handles) outcomes.push_back(collect(*h));
 
-  const kv::KvGeometry g = m.model->config().kv_geometry(DType::F16, DType::F16, 8);
   kv::BlockPool solo_pool(g, g.bytes_per_block() * 64);
   ThreadPool threads(1);
   Generator solo(*m.model, solo_pool, threads);
@@ -88,6 +93,14 @@ TEST(Engine, ConcurrentBatchedChunkedPreemptedRequestsMatchSoloRuns) {
   EXPECT_GT(s.cached_prompt_tokens, 0u);
   engine.flush_cache();
   EXPECT_EQ(engine.stats().blocks.free, engine.num_blocks());  // no leaks
+}
+
+TEST(Engine, ConcurrentBatchedChunkedPreemptedRequestsMatchSoloRuns) {
+  // 30 blocks of 8 tokens: six ~70-token sequences cannot all fit, so some are preempted.
+  expect_engine_matches_solo_runs(DType::F16, DType::F16, 8, 30, 30);
+  // Keys grouped per channel: 32-token blocks, each running sequence also holding its open
+  // keys (one block), 14 blocks for six sequences of about 4 blocks.
+  expect_engine_matches_solo_runs(DType::Q8_0, DType::Q4_0, 32, 14, 40);
 }
 
 TEST(Engine, ExhaustedPoolStillFinishesEveryLongRequest) {

@@ -56,14 +56,19 @@ void expect_shared_workload_bit_identical(DType k_dtype, DType v_dtype) {
   SCOPED_TRACE(::testing::Message() << "KV " << dtype_name(k_dtype) << "/" << dtype_name(v_dtype));
   const auto model = model::LlamaModel::load(model_path());
   const int n_vocab = model->config().n_vocab;
-  const kv::KvGeometry g = model->config().kv_geometry(k_dtype, v_dtype, 8);
+  // Blocks of 8 tokens, or the 32 quantised keys are grouped in (preambles scaled alike).
+  const int block = kv::block_tokens_for(k_dtype, block_elements(k_dtype) > 1 ? 0 : 8);
+  const size_t scale = static_cast<size_t>(block) / 8;
+  const kv::KvGeometry g = model->config().kv_geometry(k_dtype, v_dtype, block);
   // Small enough that the workload evicts: about four sequences' worth of blocks.
-  kv::BlockPool cached_pool(g, g.bytes_per_block() * 40);
-  kv::BlockPool plain_pool(g, g.bytes_per_block() * 40);
+  const size_t blocks = 40 / scale + (scale > 1 ? 2 : 0);
+  kv::BlockPool cached_pool(g, g.bytes_per_block() * blocks);
+  kv::BlockPool plain_pool(g, g.bytes_per_block() * blocks);
   kv::PrefixIndex index(cached_pool);
   ThreadPool threads(2);
   Generator cached(*model, cached_pool, threads), plain(*model, plain_pool, threads);
-  kv::NamespaceKey key{model::model_fingerprint(model->file()), k_dtype, v_dtype, 8, "", "", ""};
+  kv::NamespaceKey key{
+      model::model_fingerprint(model->file()), k_dtype, v_dtype, block, "", "", ""};
   const CacheContext tenant_a{&index, kv::namespace_hash(key)};
   key.tenant_salt = "b";
   const CacheContext tenant_b{&index, kv::namespace_hash(key)};
@@ -75,8 +80,8 @@ void expect_shared_workload_bit_identical(DType k_dtype, DType v_dtype) {
       v.push_back(3 + static_cast<int32_t>(rng.next() % (n_vocab - 3)));
     return v;
   };
-  std::vector<std::vector<int32_t>> preambles = {random_tokens(37), random_tokens(50),
-                                                 random_tokens(16)};
+  std::vector<std::vector<int32_t>> preambles = {
+      random_tokens(37 * scale), random_tokens(50 * scale), random_tokens(16 * scale)};
   size_t hits = 0;
   for (int request = 0; request < 40; ++request) {
     std::vector<int32_t> prompt = {1};
@@ -105,7 +110,8 @@ void expect_shared_workload_bit_identical(DType k_dtype, DType v_dtype) {
 }
 
 // Prefixes cut anywhere (partial blocks copied byte for byte) under eviction, with f16 and
-// with quantised keys and values: quantised once when written, a hit reads the same bytes.
+// with quantised keys and values: quantised once (keys when their block is full), a hit reads
+// the same bytes, and a partly matching block is recomputed rather than copied.
 TEST(GeneratorCache, RandomSharedWorkloadUnderEvictionIsBitIdenticalToNoCache) {
   expect_shared_workload_bit_identical(DType::F16, DType::F16);
   expect_shared_workload_bit_identical(DType::Q8_0, DType::Q8_0);

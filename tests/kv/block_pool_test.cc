@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
+#include <tuple>
 
 #include "base/error.h"
 #include "kv/block_table.h"
@@ -35,35 +37,72 @@ TEST(KvGeometry, BytesFollowTheLayout) {
   EXPECT_EQ(small_geometry(DType::F16).bytes_per_token(), 640u);
 }
 
-// stories260K's heads of 8 values: a q8_0 group holds the 4 KV heads of one token and layer.
+// stories260K's heads of 8 values: a q8_0 value group holds the 4 KV heads of one token and
+// layer; quantised keys are a channel-grouped slab per head (35 bytes per channel at 8 bits).
 TEST(KvGeometry, HeadsShorterThanAGroupShareOnePerToken) {
-  KvGeometry g = small_geometry(DType::Q8_0);
+  KvGeometry g{5, 4, 8, 32, DType::Q8_0, DType::Q8_0};
   g.validate();
-  EXPECT_EQ(g.grouping(0), KvGrouping::kToken);
-  EXPECT_EQ(g.token_bytes(0), 34u);
-  EXPECT_EQ(g.bytes_per_token(), 5u * 2 * 34);  // 340 B against f16's 640
-  // [layer][K|V][token][kv_head * head_dim]: head 3 is elements 24..31 of the token's group.
-  EXPECT_EQ(g.run(0, 0, 3).offset, 0u);
-  EXPECT_EQ(g.run(0, 0, 3).first, 24);
-  EXPECT_EQ(g.run(0, 0, 3).stride, 34u);
-  EXPECT_EQ(g.run(0, 1, 0).offset, 16u * 34);
-  g.v_dtype = DType::Q4_0;
-  EXPECT_EQ(g.bytes_per_token(), 5u * (34 + 18));
-  EXPECT_EQ(g.run(1, 0, 0).offset, 16u * (34 + 18));
-  EXPECT_EQ(g.run(4, 1, 0).offset + 16 * 18, g.bytes_per_block());
-  // Keys f16 (per head), values q8_0 (per token) in one block.
-  g.k_dtype = DType::F16;
+  EXPECT_EQ(g.grouping(0), KvGrouping::kChannel);
+  EXPECT_EQ(g.grouping(1), KvGrouping::kToken);
+  EXPECT_TRUE(g.keys_by_channel());
+  EXPECT_EQ(g.slab_bytes(0), 4u * 8 * 35);
+  EXPECT_EQ(g.token_bytes(0), 35u);
+  EXPECT_EQ(g.token_bytes(1), 34u);
+  EXPECT_EQ(g.bytes_per_token(), 5u * (35 + 34));  // 345 B against f16's 640
+  EXPECT_EQ(g.bytes_per_block(), 5u * (4 * 8 * 35 + 32 * 34));
+  // [layer][K slab per head | V [token][kv_head * head_dim]]
+  EXPECT_EQ(g.run(0, 0, 3).offset, 3u * 8 * 35);
+  EXPECT_EQ(g.run(0, 0, 3).stride, 0u);
+  EXPECT_EQ(g.run(0, 1, 3).offset, 4u * 8 * 35);
+  EXPECT_EQ(g.run(0, 1, 3).first, 24);
+  EXPECT_EQ(g.run(0, 1, 3).stride, 34u);
+  g.k_dtype = g.v_dtype = DType::Q4_0;
+  EXPECT_EQ(g.bytes_per_token(), 5u * (19 + 18));  // 185 B
+  EXPECT_EQ(g.run(1, 0, 0).offset, 4u * 8 * 19 + 32 * 18);
+  EXPECT_EQ(g.run(4, 1, 0).offset + 32 * 18, g.bytes_per_block());
+  // One layer's f16 keys of a block are 2 KiB: the open keys of 5 layers take 3 blocks of 5,920.
+  EXPECT_EQ(g.open_layer_bytes(), 4u * 32 * 8 * 2);
+  EXPECT_EQ(g.open_key_blocks(), 3u);
+  EXPECT_EQ(g.open_key_block_of(4), 2u);
+  EXPECT_EQ(g.open_key_offset(3), 2048u);
+  EXPECT_EQ(g.blocks_for_sequence(33), 5u);
+  // Keys f16 (per head), values q8_0 (per token) in one block; no open keys.
+  g = KvGeometry{5, 4, 8, 16, DType::F16, DType::Q8_0};
+  g.validate();
   EXPECT_EQ(g.grouping(0), KvGrouping::kHead);
   EXPECT_EQ(g.run(0, 1, 0).offset, 16u * 4 * 8 * 2);
+  EXPECT_EQ(g.open_key_blocks(), 0u);
 }
 
 TEST(KvGeometry, GroupsAlongTheHeadWhenItHoldsWholeGroups) {
-  const KvGeometry g{2, 3, 64, 16, DType::Q4_0, DType::Q8_0};
+  const KvGeometry g{2, 3, 64, 32, DType::Q4_0, DType::Q8_0};
   g.validate();
-  EXPECT_EQ(g.grouping(0), KvGrouping::kHead);
-  EXPECT_EQ(g.run(0, 0, 1).offset, 2u * 18 * 16);
-  EXPECT_EQ(g.run(0, 1, 0).offset, 3u * 2 * 18 * 16);
-  EXPECT_EQ(g.bytes_per_token(), 2u * 3 * (2 * 18 + 2 * 34));
+  EXPECT_EQ(g.grouping(0), KvGrouping::kChannel);
+  EXPECT_EQ(g.grouping(1), KvGrouping::kHead);
+  EXPECT_EQ(g.run(0, 0, 1).offset, 64u * 19);
+  EXPECT_EQ(g.run(0, 1, 0).offset, 3u * 64 * 19);
+  EXPECT_EQ(g.run(0, 1, 1).offset, 3u * 64 * 19 + 2 * 34 * 32);
+  EXPECT_EQ(g.bytes_per_token(), 2u * 3 * (38 + 2 * 34));
+}
+
+TEST(KvGeometry, QuantisedKeysNeedBlocksOfTheirGroupAndHeadsOfEights) {
+  for (const auto& [block, dim, what] :
+       {std::tuple{16, 8, "a block of 32 tokens; the block size is 16 (use --block-tokens 32)"},
+        std::tuple{64, 8, "the block size is 64"}, std::tuple{32, 12, "a multiple of 8, got 12"}}) {
+    const KvGeometry g{2, 4, dim, block, DType::Q8_0, DType::F16};
+    try {
+      g.validate();
+      ADD_FAILURE() << block << " tokens, heads of " << dim;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  }
+  // One layer of one head of q4_0: a block (608 B) is smaller than its f16 keys (1 KiB).
+  const KvGeometry tiny{1, 1, 16, 32, DType::Q4_0, DType::Q4_0};
+  EXPECT_THROW(tiny.validate(), Error);
+  EXPECT_EQ(block_tokens_for(DType::Q8_0, 0), 32);
+  EXPECT_EQ(block_tokens_for(DType::F16, 0), 16);
+  EXPECT_EQ(block_tokens_for(DType::F16, 64), 64);
 }
 
 TEST(KvGeometry, RejectsBadShapes) {
@@ -85,16 +124,24 @@ TEST(KvGeometry, RejectsBadShapes) {
   }
 }
 
-// Copying a partial block's tokens copies exactly their bytes in either grouping.
+// Copying a partial block's tokens copies exactly their bytes in either value grouping; keys
+// grouped per channel are not in a partial block (they are in its sequence's open keys), and
+// are copied whole with a whole block.
+// Two blocks of pool: the first filled with non-zero bytes, the second with zeros.
+std::pair<BlockId, BlockId> filled_and_empty(BlockPool& pool) {
+  const BlockId a = *pool.allocate(), b = *pool.allocate();
+  for (size_t i = 0; i < pool.geometry().bytes_per_block(); ++i) {
+    pool.data(a)[i] = static_cast<uint8_t>(i % 255 + 1);
+    pool.data(b)[i] = 0;
+  }
+  return {a, b};
+}
+
 TEST(BlockPool, CopyTokensCopiesOnlyThoseTokens) {
   for (DType t : {DType::F16, DType::Q8_0, DType::Q4_0}) {
-    const KvGeometry g = small_geometry(t);
+    const KvGeometry g{5, 4, 8, 16, DType::F16, t};
     BlockPool pool(g, g.bytes_per_block() * 2);
-    const BlockId a = *pool.allocate(), b = *pool.allocate();
-    for (size_t i = 0; i < g.bytes_per_block(); ++i) {
-      pool.data(a)[i] = static_cast<uint8_t>(i % 255 + 1);
-      pool.data(b)[i] = 0;
-    }
+    const auto [a, b] = filled_and_empty(pool);
     pool.copy_tokens(a, b, 5);
     size_t copied = 0;
     for (size_t i = 0; i < g.bytes_per_block(); ++i) copied += pool.data(b)[i] != 0;
@@ -109,6 +156,15 @@ TEST(BlockPool, CopyTokensCopiesOnlyThoseTokens) {
       }
     }
   }
+  const KvGeometry g{5, 4, 8, 32, DType::Q8_0, DType::Q8_0};
+  BlockPool pool(g, g.bytes_per_block() * 2);
+  const auto [a, b] = filled_and_empty(pool);
+  pool.copy_tokens(a, b, 5);
+  EXPECT_EQ(pool.data(b)[g.run(0, 0, 0).offset], 0);  // no keys yet
+  EXPECT_EQ(pool.data(b)[g.run(0, 1, 0).offset + 4 * 34],
+            pool.data(a)[g.run(0, 1, 0).offset + 4 * 34]);
+  pool.copy_tokens(a, b, 32);
+  EXPECT_EQ(std::memcmp(pool.data(a), pool.data(b), g.bytes_per_block()), 0);
 }
 
 TEST(BlockPool, SizesArenaToWholeBlocks) {

@@ -20,10 +20,10 @@ constexpr uint64_t MiB = 1024 * KiB;
 constexpr uint64_t GiB = 1024 * MiB;
 
 MemoryPlan plan(const AttentionGeometry& g, DType dtype, std::vector<uint64_t> contexts = {},
-                int block_tokens = 16) {
+                int block_tokens = 0) {
   PlanOptions o;
   o.k_dtype = o.v_dtype = dtype;
-  o.block_tokens = block_tokens;
+  o.block_tokens = block_tokens_for(dtype, block_tokens);
   o.contexts = std::move(contexts);
   return plan_memory(g, o);
 }
@@ -50,25 +50,31 @@ TEST(MemoryPlan, PublishedPerTokenFiguresAtF16AndBf16) {
 TEST(MemoryPlan, QuantisedDtypesPayTheirScales) {
   const auto g = AttentionGeometry::uniform(32, 8, 128);
   EXPECT_EQ(plan(g, DType::F32).bytes_per_token, 256 * KiB);
-  // q8_0: 34 bytes per 32 elements; q4_0: 18 bytes per 32.
-  EXPECT_EQ(plan(g, DType::Q8_0).bytes_per_token, 32u * 2 * 8 * (128 / 32 * 34));
-  EXPECT_EQ(plan(g, DType::Q4_0).bytes_per_token, 32u * 2 * 8 * (128 / 32 * 18));
+  // Keys per channel: 35 bytes per 32 tokens at 8 bits, 19 at 4; values 34 / 18 per 32.
+  EXPECT_EQ(plan(g, DType::Q8_0).bytes_per_token, 32u * 8 * (128 * 35 / 32 + 128 / 32 * 34));
+  EXPECT_EQ(plan(g, DType::Q4_0).bytes_per_token, 32u * 8 * (128 * 19 / 32 + 128 / 32 * 18));
   // stories260K: the pool groups the 4 KV heads of 8 values of a token, one scale per 32.
   const auto tiny = AttentionGeometry::uniform(5, 4, 8);
-  EXPECT_TRUE(tiny.pool_geometry(DType::Q8_0, DType::Q4_0, 16).has_value());
-  EXPECT_EQ(plan(tiny, DType::Q8_0).bytes_per_token, 5u * 2 * 34);
-  // Where no grouping fits the pool, a head row shorter than a group still takes a whole one.
+  EXPECT_TRUE(tiny.pool_geometry(DType::Q8_0, DType::Q4_0, 32).has_value());
+  EXPECT_EQ(plan(tiny, DType::Q8_0).bytes_per_token, 5u * (35 + 34));
+  // A running request also holds its last block's keys as f16: 5 layers of 2 KiB, one block.
+  const MemoryPlan one = plan(tiny, DType::Q8_0, {33});
+  EXPECT_EQ(*one.requests[0].blocks, 2u + 1);
+  EXPECT_EQ(one.requests[0].allocated_bytes, 3u * one.bytes_per_block);
+  // Where no grouping fits the pool, a value row shorter than a group still takes a whole one.
   const auto odd = AttentionGeometry::uniform(5, 2, 8);
-  EXPECT_FALSE(odd.pool_geometry(DType::Q8_0, DType::Q8_0, 16).has_value());
-  EXPECT_EQ(plan(odd, DType::Q8_0).bytes_per_token, 5u * 2 * 2 * 34);
+  EXPECT_FALSE(odd.pool_geometry(DType::Q8_0, DType::Q8_0, 32).has_value());
+  EXPECT_EQ(plan(odd, DType::Q8_0).bytes_per_token, 5u * 2 * (9 + 34));
   EXPECT_EQ(plan(AttentionGeometry::mla(61, 576), DType::Q8_0).bytes_per_token, 61u * 18 * 34);
+  // The block size must be the key group's.
+  EXPECT_THROW(plan(tiny, DType::Q8_0, {}, 16), Error);
 }
 
 TEST(MemoryPlan, PerLayerCostEqualsKvGeometry) {
   for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0}) {
     for (int head_dim : {32, 64, 128}) {
       const auto g = AttentionGeometry::uniform(7, 3, head_dim);
-      const auto pool = g.pool_geometry(t, DType::Q4_0, 16);
+      const auto pool = g.pool_geometry(t, DType::Q4_0, block_tokens_for(t, 0));
       ASSERT_TRUE(pool.has_value());
       EXPECT_EQ(7 * layer_token_bytes(g.layers[0], t, DType::Q4_0), pool->bytes_per_token());
     }
@@ -108,9 +114,9 @@ TEST(MemoryPlan, EqualsWhatTheBlockPoolAllocates) {
       {3, 2, 16, 7, DType::F16, DType::F16, 1 * MiB + 1, 4097},   // odd block size
       {6, 6, 48, 64, DType::F16, DType::F16, 10 * MiB, 3 * MiB},  // MHA, big blocks
       {22, 4, 64, 16, DType::F16, DType::F16, 12 * MiB, 0},       // TinyLlama geometry
-      {5, 4, 8, 16, DType::Q8_0, DType::Q8_0, 16 * MiB, 0},       // stories260K, per token
-      {5, 4, 8, 7, DType::Q4_0, DType::F16, 3 * MiB + 5, 0},      // mixed K and V
-      {22, 4, 64, 16, DType::Q8_0, DType::Q4_0, 12 * MiB, 0},     // per head
+      {5, 4, 8, 32, DType::Q8_0, DType::Q8_0, 16 * MiB, 0},       // stories260K, per token
+      {5, 4, 8, 32, DType::Q4_0, DType::F16, 3 * MiB + 5, 0},     // mixed K and V
+      {22, 4, 64, 32, DType::Q8_0, DType::Q4_0, 12 * MiB, 0},     // per head
       {3, 2, 16, 16, DType::F32, DType::Q4_0, MiB + 3, 0},        // 2 heads of 16 per group
   };
   for (const PoolCase& c : cases) {
@@ -140,7 +146,7 @@ TEST(MemoryPlan, EqualsWhatTheBlockPoolAllocates) {
     EXPECT_EQ(BlockPool(g, *p.pool_bytes).arena_bytes(), *p.pool_bytes);
 
     for (const RequestFigures& r : p.requests) {
-      EXPECT_EQ(*r.blocks, g.blocks_for_tokens(r.context));
+      EXPECT_EQ(*r.blocks, g.blocks_for_sequence(r.context));
       EXPECT_EQ(r.allocated_bytes, *r.blocks * g.bytes_per_block());
       // Fill the pool with max_concurrency requests; one more must not fit.
       BlockPool fresh(g, *p.kv_budget_bytes);
@@ -152,9 +158,9 @@ TEST(MemoryPlan, EqualsWhatTheBlockPoolAllocates) {
       EXPECT_LT(spare, *r.blocks);
     }
     for (const ConcurrencyFigures& l : p.limits) {
-      const uint64_t per_request = g.blocks_for_tokens(*l.max_context);
+      const uint64_t per_request = g.blocks_for_sequence(*l.max_context);
       EXPECT_LE(per_request * l.concurrency, pool.num_blocks());
-      EXPECT_GT(g.blocks_for_tokens(*l.max_context + 1) * l.concurrency, pool.num_blocks());
+      EXPECT_GT(g.blocks_for_sequence(*l.max_context + 1) * l.concurrency, pool.num_blocks());
     }
   }
 }

@@ -204,6 +204,43 @@ TEST(PrefixIndex, PartialBlockWhenCopyingIsOff) {
   EXPECT_EQ(m.miss.at_token, 4u);
 }
 
+// Keys grouped per channel are quantised with the other tokens of their block, and a partly
+// filled block holds none yet: such blocks are neither indexed nor copied, whatever the
+// options say, and a match stops at the last whole block with the reason partial_block.
+TEST(PrefixIndex, KeysGroupedPerChannelReuseOnlyWholeBlocks) {
+  const KvGeometry g{2, 4, 8, 32, DType::Q8_0, DType::Q8_0};
+  BlockPool pool(g, g.bytes_per_block() * 8);
+  PrefixIndex index(pool, PrefixIndexOptions{});  // partial_reuse on by default
+  const Hash256 ns = namespace_hash({{}, DType::Q8_0, DType::Q8_0, 32, "", "", ""});
+  const std::vector<int32_t> tokens = iota(50);
+  {
+    BlockTable t(pool, &index);
+    ASSERT_TRUE(t.reserve(tokens.size()));
+    EXPECT_EQ(t.open_key_blocks().size(), g.open_key_blocks());
+    const std::vector<IndexedBlock> added = index.insert(ns, tokens, tokens.size(), t, true);
+    EXPECT_EQ(added.size(), 1u);  // the whole block only, not the 18 tokens after it
+  }
+  BlockTable t(pool, &index);
+  const PrefixMatch m = index.match(ns, tokens, tokens.size() - 1, t);
+  EXPECT_EQ(m.cached_tokens, 32u);
+  EXPECT_EQ(m.copied_tokens, 0u);
+  EXPECT_EQ(m.miss.kind, MissKind::kCold);
+  auto longer = iota(40);
+  BlockTable u(pool, &index);
+  index.flush();
+  {
+    BlockTable v(pool, &index);
+    ASSERT_TRUE(v.reserve(64));
+    index.insert(ns, iota(64), 64, v, true);
+  }
+  longer[36] = 7;  // diverges inside the second block
+  const PrefixMatch p = index.match(ns, longer, longer.size() - 1, u);
+  EXPECT_EQ(p.cached_tokens, 32u);
+  EXPECT_EQ(p.copied_tokens, 0u);
+  EXPECT_EQ(p.miss.kind, MissKind::kPartialBlock);
+  EXPECT_EQ(p.miss.at_token, 32u);
+}
+
 TEST(PrefixIndex, QuotaCapsANamespaceAndIsTheReason) {
   Fixture f;
   f.index.set_quota(f.ns_a, 2);

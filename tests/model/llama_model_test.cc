@@ -41,7 +41,7 @@ struct Rig {
   std::unique_ptr<ThreadPool> threads;
   ForwardScratch scratch;
 
-  Rig(const std::string& path, int n_threads, DType kv_dtype = DType::F32, int block = 16,
+  Rig(const std::string& path, int n_threads, DType kv_dtype = DType::F32, int block = 0,
       std::optional<DType> v_dtype = std::nullopt) {
     model = LlamaModel::load(path);
     const kv::KvGeometry g =
@@ -101,7 +101,7 @@ TEST(LlamaModel, GoldenStories260KGreedyRun) {
 // The heart of the first invariant, checked at every decode step.
 void expect_cache_equals_recompute(const std::string& path, DType kv_dtype, int n_threads,
                                    std::optional<DType> v_dtype = std::nullopt) {
-  Rig rig(path, n_threads, kv_dtype, 16, v_dtype);
+  Rig rig(path, n_threads, kv_dtype, 0, v_dtype);
   std::vector<int32_t> seq = {1, 403, 407, 261, 378};
   const int n_vocab = rig.model->config().n_vocab;
   for (int32_t& t : seq) t %= n_vocab;
@@ -287,18 +287,19 @@ TEST_P(EveryIsa, SequencesSharingAPrefixDecodeTogetherAsAlone) {
 
       // A shorter sequence sharing only the first block leads a tile with a longer one: each
       // reads only its own blocks.
+      const int bt = rig.pool->geometry().block_tokens;
       kv::BlockTable shorter(*rig.pool);
       shorter.append_shared(base.blocks().front());
-      ASSERT_TRUE(shorter.reserve(21));
+      ASSERT_TRUE(shorter.reserve(bt + 5));
       rows.clear();
-      for (int i = 16; i < 20; ++i) rows.push_back({prompt[i], i, &shorter, false});
+      for (int i = bt; i < bt + 4; ++i) rows.push_back({prompt[i], i, &shorter, false});
       rig.model->forward(*rig.threads, *rig.pool, rows, rig.scratch);
       kv::BlockTable longer = base.fork();
       ASSERT_TRUE(longer.ensure_writable(prompt.size()));
-      rows = {{9, 20, &shorter, true}, {8, static_cast<int32_t>(prompt.size()), &longer, true}};
+      rows = {{9, bt + 4, &shorter, true}, {8, static_cast<int32_t>(prompt.size()), &longer, true}};
       const auto pair = rig.model->forward(*rig.threads, *rig.pool, rows, rig.scratch);
       const std::vector<float> both(pair.begin(), pair.end());
-      std::vector<int32_t> short_tokens(prompt.begin(), prompt.begin() + 20);
+      std::vector<int32_t> short_tokens(prompt.begin(), prompt.begin() + bt + 4);
       short_tokens.push_back(9);
       std::vector<int32_t> long_tokens = prompt;
       long_tokens.push_back(8);
@@ -698,7 +699,7 @@ TEST(LlamaModel, PrefillChunkSizeAndThreadsDoNotChangeLogits) {
   if (path.empty()) path = testing::synthetic_model_path("tiny", DType::F32);
   for (const auto& [k, v] : {std::pair{DType::F32, DType::F32}, std::pair{DType::Q8_0, DType::Q8_0},
                              std::pair{DType::Q4_0, DType::F16}}) {
-    Rig one(path, 1, k, 16, v), two(path, 2, k, 16, v);
+    Rig one(path, 1, k, 0, v), two(path, 2, k, 0, v);
     const auto prompt = long_prompt(150, one.model->config().n_vocab);
     testing::Generator g1(*one.model, *one.pool, *one.threads);
     testing::Generator g2(*two.model, *two.pool, *two.threads);
@@ -716,7 +717,7 @@ TEST(LlamaModel, PrefillChunkSizeAndThreadsDoNotChangeLogits) {
 // Rows of one sequence batched with rows of others, at other positions, give the same
 // logits as the sequence run alone.
 void expect_batch_company_irrelevant(const std::string& path, DType k, DType v) {
-  Rig rig(path, 2, k, 16, v);
+  Rig rig(path, 2, k, 0, v);
   const int n_vocab = rig.model->config().n_vocab;
   const auto a = long_prompt(40, n_vocab);
   const std::vector<float> alone = rig.recompute(a);
