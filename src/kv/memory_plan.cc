@@ -1,13 +1,12 @@
 #include "kv/memory_plan.h"
 
-#include "base/channel_keys.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <limits>
 
 #include "base/byte_size.h"
+#include "base/channel_keys.h"
 #include "base/error.h"
 
 namespace kvc::kv {
