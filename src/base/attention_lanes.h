@@ -71,23 +71,35 @@ void accumulate_f16_rest(size_t rest, const float* const* p, const uint16_t* v, 
   }
 }
 
-// accumulate_f16 for nq queries p[j] into out[j] over the same n rows, kGroup queries at a
-// time: every lane of every out[j] takes the same fused multiply-adds in row order as
-// accumulate_f16_panels alone, so the same bits, with each row converted once per group.
+// accumulate_f16_group over every panel of kPanel vectors of hd and every group of kGroup
+// queries (the last group smaller).
 template <class Lanes, int kPanel, int kGroup>
-void accumulate_f16_queries(const float* const* p, size_t nq, const uint16_t* v, size_t n,
-                            size_t hd, float* const* out) {
-  constexpr size_t kStep = kPanel * Lanes::kWidth;
-  if (hd % kStep != 0) {
-    for (size_t j = 0; j < nq; ++j) accumulate_f16_panels<Lanes>(p[j], v, n, hd, out[j]);
-    return;
-  }
-  for (size_t c0 = 0; c0 < hd; c0 += kStep) {
+void accumulate_f16_groups(const float* const* p, size_t nq, const uint16_t* v, size_t n, size_t hd,
+                           float* const* out) {
+  for (size_t c0 = 0; c0 < hd; c0 += kPanel * Lanes::kWidth) {
     size_t j = 0;
     for (; j + kGroup <= nq; j += kGroup) {
       accumulate_f16_group<Lanes, kPanel, kGroup>(p + j, v, n, hd, c0, out + j);
     }
     accumulate_f16_rest<Lanes, kPanel, kGroup>(nq - j, p + j, v, n, hd, c0, out + j);
+  }
+}
+
+// accumulate_f16 for nq queries p[j] into out[j] over the same n rows, kGroup queries at a
+// time: every lane of every out[j] takes the same fused multiply-adds in row order as
+// accumulate_f16_panels alone, so the same bits, with each row converted once per group. A head
+// that is whole vectors but not whole panels (stories260K's 8 on AVX2) takes panels of one
+// vector for eight queries at a time, so that eight chains of multiply-adds hide each one's
+// latency.
+template <class Lanes, int kPanel, int kGroup>
+void accumulate_f16_queries(const float* const* p, size_t nq, const uint16_t* v, size_t n,
+                            size_t hd, float* const* out) {
+  if (hd % (kPanel * Lanes::kWidth) == 0) {
+    accumulate_f16_groups<Lanes, kPanel, kGroup>(p, nq, v, n, hd, out);
+  } else if (hd % Lanes::kWidth == 0) {
+    accumulate_f16_groups<Lanes, 1, 8>(p, nq, v, n, hd, out);
+  } else {
+    for (size_t j = 0; j < nq; ++j) accumulate_f16_panels<Lanes>(p[j], v, n, hd, out[j]);
   }
 }
 

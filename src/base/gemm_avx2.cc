@@ -86,16 +86,22 @@ struct FloatTile {
       for (int u = 0; u < U; ++u) step(a, b, i + 8 * u, u, acc);
     }
     for (; i + 8 <= n; i += 8) step(a, b, i, 0, acc);
+    __m256 total[MR][NR];
     for (int r = 0; r < MR; ++r) {
       for (int j = 0; j < NR; ++j) {
-        __m256 total = acc[r][j][0];
         if constexpr (U == 4) {
-          total = _mm256_add_ps(_mm256_add_ps(acc[r][j][0], acc[r][j][1]),
-                                _mm256_add_ps(acc[r][j][2], acc[r][j][3]));
+          total[r][j] = _mm256_add_ps(_mm256_add_ps(acc[r][j][0], acc[r][j][1]),
+                                      _mm256_add_ps(acc[r][j][2], acc[r][j][3]));
         } else {
-          total = _mm256_add_ps(acc[r][j][0], acc[r][j][1]);
+          total[r][j] = _mm256_add_ps(acc[r][j][0], acc[r][j][1]);
         }
-        float sum = hsum256(total);
+      }
+    }
+    float sums[MR * NR];
+    tile_sums<MR, NR>(total, sums);
+    for (int r = 0; r < MR; ++r) {
+      for (int j = 0; j < NR; ++j) {
+        float sum = sums[r * NR + j];
         for (size_t k = i; k < n; ++k) sum += Load::one(a[j][k]) * b[r][k];
         y[r * ys + j] = sum;
       }
@@ -202,9 +208,7 @@ struct IntTile {
         }
       }
     }
-    for (int r = 0; r < MR; ++r) {
-      for (int j = 0; j < NR; ++j) y[r * ys + j] = hsum256(acc[r][j]);
-    }
+    store_sums<MR, NR>(acc, y, ys);
   }
 };
 

@@ -72,12 +72,14 @@ struct F32Tile {
         for (int j = 0; j < NR; ++j) acc[r][j][1] = _mm512_fmadd_ps(av[j], bv, acc[r][j][1]);
       }
     }
+    __m512 total[MR][NR];
     for (int r = 0; r < MR; ++r) {
       for (int j = 0; j < NR; ++j) {
-        y[r * ys + j] = hsum512(_mm512_add_ps(_mm512_add_ps(acc[r][j][0], acc[r][j][1]),
-                                              _mm512_add_ps(acc[r][j][2], acc[r][j][3])));
+        total[r][j] = _mm512_add_ps(_mm512_add_ps(acc[r][j][0], acc[r][j][1]),
+                                    _mm512_add_ps(acc[r][j][2], acc[r][j][3]));
       }
     }
+    store_sums<MR, NR>(total, y, ys);
   }
 
   template <int MR, int NR>
@@ -148,11 +150,11 @@ struct Half16Tile {
         for (int j = 0; j < NR; ++j) acc[r][j][1] = _mm512_fmadd_ps(av[j], bv, acc[r][j][1]);
       }
     }
+    __m512 total[MR][NR];
     for (int r = 0; r < MR; ++r) {
-      for (int j = 0; j < NR; ++j) {
-        y[r * ys + j] = hsum512(_mm512_add_ps(acc[r][j][0], acc[r][j][1]));
-      }
+      for (int j = 0; j < NR; ++j) total[r][j] = _mm512_add_ps(acc[r][j][0], acc[r][j][1]);
     }
+    store_sums<MR, NR>(total, y, ys);
   }
 
   template <int MR, int NR>
@@ -297,10 +299,12 @@ struct IntTile {
         }
       }
     }
+    float sums[MR * NR];
+    tile_sums<MR, NR>(acc, sums);
     for (int r = 0; r < MR; ++r) {
       const auto& last = *reinterpret_cast<const BlockQ8_0*>(b[r] + blocks / 2);
       for (int j = 0; j < NR; ++j) {
-        float sum = hsum512(acc[r][j]);
+        float sum = sums[r * NR + j];
         if (i < blocks) {
           const __m256i wv = W::values(a[j][i]);
           const __m256i offset8 = _mm256_set1_epi8(static_cast<char>(0x80));
@@ -485,8 +489,7 @@ struct KQuantTile512 {
         }
       }
     }
-    for (int r = 0; r < MR; ++r)
-      for (int j = 0; j < NR; ++j) y[r * ys + j] = hsum512(acc[r][j]);
+    store_sums<MR, NR>(acc, y, ys);
   }
 };
 

@@ -8,7 +8,8 @@
 // A kernel K provides kRows and kCols (the full tile: activation rows x weight rows) and
 // K::tile<MR, NR>(w, w_stride, x, x_stride, n, y, y_stride), which writes
 // y[r * y_stride + c] = dot(w_c, x_r) for r < MR, c < NR with the same operations per output
-// whatever MR and NR are: a value never depends on which tile computed it.
+// whatever MR and NR are: a value never depends on which tile computed it. The including file
+// defines hsums(const Vec (&)[N], float (&)[N]) for its vectors before including this.
 #pragma once
 
 // Weight rows whose bytes fit in about half of a core's L2: the chunk is read from memory once
@@ -20,6 +21,25 @@ constexpr size_t kGemmChunkBytes = 256 * 1024;
 // (measured on Zen 4), so such calls, and the rows left over after the full tiles, take the
 // weight rows one at a time, in address order.
 constexpr size_t kGemmNarrowRows = 4;
+
+// sums[r * NR + j] = the horizontal sum of acc[r][j], the tile's sums reduced together by the
+// including file's hsums (the bits of its one-vector sum).
+template <int MR, int NR, class Vec>
+inline void tile_sums(const Vec (&acc)[MR][NR], float (&sums)[MR * NR]) {
+  Vec flat[MR * NR];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NR; ++j) flat[r * NR + j] = acc[r][j];
+  hsums(flat, sums);
+}
+
+// y[r * ys + j] = the horizontal sum of acc[r][j], as tile_sums.
+template <int MR, int NR, class Vec>
+inline void store_sums(const Vec (&acc)[MR][NR], float* y, size_t ys) {
+  float sums[MR * NR];
+  tile_sums<MR, NR>(acc, sums);
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NR; ++j) y[r * ys + j] = sums[r * NR + j];
+}
 
 template <class K, int MR>
 void gemm_tile_row(const uint8_t* w, size_t w_stride, size_t c_begin, size_t c_end,

@@ -93,8 +93,7 @@ struct UnpackedTile {
         }
       }
     }
-    for (int r = 0; r < MR; ++r)
-      for (int j = 0; j < NR; ++j) y[r * ys + j] = hsum256(acc[r][j]);
+    store_sums<MR, NR>(acc, y, ys);
   }
 };
 
@@ -313,7 +312,6 @@ struct KQuantTile256 {
         }
       }
     }
-    for (int r = 0; r < MR; ++r)
-      for (int j = 0; j < NR; ++j) y[r * ys + j] = hsum256(acc[r][j]);
+    store_sums<MR, NR>(acc, y, ys);
   }
 };

@@ -225,6 +225,29 @@ struct Lanes {
 
 #include "base/attention_lanes.h"
 
+// Eight-float vectors for heads of a whole number of eight but not of sixteen values
+// (stories260K's 8), where sixteen-float lanes would leave half of every vector empty. Their
+// bits are the sixteen-lane loops' (see scores_f16_queries and accumulate_f16_queries below).
+struct HalfLanes {
+  using Vec = __m256;
+  static constexpr size_t kWidth = 8;
+  static Vec load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+  static Vec set1(float x) { return _mm256_set1_ps(x); }
+  static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static Vec load_f16(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+  static Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+  // kt[d * 8 + t] = row t's value d, for 8 rows of 8 f16 values (row t at k + t * stride).
+  static void transpose_f16(const uint16_t* k, size_t stride, float* kt) {
+    Vec r[8];
+    for (int i = 0; i < 8; ++i) r[i] = load_f16(k + i * stride);
+    transpose8x8(r, kt);
+  }
+};
+
 #include "base/softmax_exp.h"
 
 struct ExpLanes {
@@ -279,14 +302,32 @@ float softmax_exp_avx512(float* p, size_t n) {
 
 // Several queries against the same keys: from four queries on, the keys transposed once for
 // all of them; fewer queries take eight keys at a time each (the shared horizontal sums gain
-// more than sharing each key row's conversion).
+// more than sharing each key row's conversion). A head of 8 is transposed eight keys at a time:
+// its single-row dot has its eight products in the low lanes and zeros above, so the sixteen-
+// lane sum folds to the eight-lane one, whose order the eight-float transposed loop keeps.
 void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, size_t n, size_t hd,
                         float scale, float* const* out) {
   if (nq >= 4 && hd % 16 == 0 && hd <= 256) {
     scores_f16_transposed<Lanes>(q, nq, k, n, hd, scale, out);
     return;
   }
+  if (nq >= 4 && hd == 8) {
+    scores_f16_transposed<HalfLanes>(q, nq, k, n, hd, scale, out);
+    return;
+  }
   for (size_t j = 0; j < nq; ++j) scores_f16_by_eight<Lanes>(q[j], k, n, hd, scale, out[j]);
+}
+
+// Several queries' weighted sums over the same value rows. Every lane takes one fused
+// multiply-add per row, whatever the vector width, so a head of a whole number of eight but not
+// of sixteen values takes eight-float panels with the bits of sixteen-float ones.
+void accumulate_f16_queries_avx512(const float* const* p, size_t nq, const uint16_t* v, size_t n,
+                                   size_t hd, float* const* out) {
+  if (hd % 16 != 0 && hd % 8 == 0) {
+    accumulate_f16_queries<HalfLanes, 1, 8>(p, nq, v, n, hd, out);
+    return;
+  }
+  accumulate_f16_queries<Lanes, 4, 6>(p, nq, v, n, hd, out);
 }
 
 }  // namespace
@@ -304,7 +345,7 @@ const KernelTable* avx512_kernels() {
       scores_f16_queries,
       accumulate_f32,
       accumulate_f16_panels<Lanes>,
-      accumulate_f16_queries<Lanes, 4, 6>,
+      accumulate_f16_queries_avx512,
       quantize_q8_0_avx2,
       to_f16_avx2,
       softmax_exp_avx512,

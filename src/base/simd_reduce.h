@@ -39,6 +39,23 @@ inline void hsum256x8(const __m256 v[8], float out[8]) {
   }
 }
 
+// hsum256 of each of N vectors (a GEMM tile's outputs), eight at a time through hsum256x8 where
+// there are three or more: the same bits, a fraction of the shuffles.
+template <int N>
+inline void hsums(const __m256 (&v)[N], float (&out)[N]) {
+  if constexpr (N < 3) {
+    for (int i = 0; i < N; ++i) out[i] = hsum256(v[i]);
+  } else {
+    for (int base = 0; base < N; base += 8) {
+      __m256 group[8];
+      float sums[8];
+      for (int i = 0; i < 8; ++i) group[i] = base + i < N ? v[base + i] : _mm256_setzero_ps();
+      hsum256x8(group, sums);
+      for (int i = 0; i < 8 && base + i < N; ++i) out[base + i] = sums[i];
+    }
+  }
+}
+
 inline float half(uint16_t h) {
   return _cvtsh_ss(h);
 }

@@ -36,3 +36,20 @@ inline void hsum512x8(const __m512 v[8], float out[8]) {
     out[k + 4] = lanes[4 * k + 1];
   }
 }
+
+// hsum512 of each of N vectors (a GEMM tile's outputs), eight at a time through hsum512x8 where
+// there are three or more: the same bits, a fraction of the shuffles.
+template <int N>
+inline void hsums(const __m512 (&v)[N], float (&out)[N]) {
+  if constexpr (N < 3) {
+    for (int i = 0; i < N; ++i) out[i] = hsum512(v[i]);
+  } else {
+    for (int base = 0; base < N; base += 8) {
+      __m512 group[8];
+      float sums[8];
+      for (int i = 0; i < 8; ++i) group[i] = base + i < N ? v[base + i] : _mm512_setzero_ps();
+      hsum512x8(group, sums);
+      for (int i = 0; i < 8 && base + i < N; ++i) out[base + i] = sums[i];
+    }
+  }
+}

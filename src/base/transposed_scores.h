@@ -40,12 +40,14 @@ void scores_of_transposed_keys(const float* qj, const float* kt, size_t chunks, 
 }
 
 // Every query's scores for the kWidth transposed keys of kt, into out[j] + t0: the loops
-// unrolled where a head is four or eight vectors.
+// unrolled where a head is one, four or eight vectors.
 template <class Lanes>
 void scores_of_transposed_tile(const float* const* q, size_t nq, const float* kt, size_t chunks,
                                float scale, float* const* out, size_t t0) {
   for (size_t j = 0; j < nq; ++j) {
-    if (chunks == 4) {
+    if (chunks == 1) {
+      scores_of_transposed_keys<Lanes, 1>(q[j], kt, chunks, scale, out[j] + t0);
+    } else if (chunks == 4) {
       scores_of_transposed_keys<Lanes, 4>(q[j], kt, chunks, scale, out[j] + t0);
     } else if (chunks == 8) {
       scores_of_transposed_keys<Lanes, 8>(q[j], kt, chunks, scale, out[j] + t0);

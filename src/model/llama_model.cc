@@ -237,20 +237,29 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
   // block reads it while it is in the first-level cache, instead of each query streaming the
   // whole context. Each query's scores, softmax and weighted sum still run alone, in block
   // order, through the same kernels, so a row's result does not depend on the tile it falls in.
-  constexpr size_t kTileQueries = 16;  // their scores stay within the second-level cache
-  const std::vector<QueryTile> tiles =
-      query_tiles(rows, std::max<size_t>(1, kTileQueries / static_cast<size_t>(group)));
-  const size_t tasks = tiles.size() * static_cast<size_t>(c.n_kv_heads);
+  // Sixteen queries of a head of 64 or more keep their scores within the second-level cache;
+  // smaller heads (stories260K's 8) take more queries per tile, as many as a head of 64 would
+  // take in multiply-adds, while their scores fit in kScoreBytes, so that each block's visit
+  // and kernel calls serve enough work.
+  constexpr size_t kTileQueries = 16, kScoreBytes = 256 * 1024;
   size_t max_pos = 0;
   for (const BatchRow& row : rows) max_pos = std::max<size_t>(max_pos, row.pos);
+  const size_t tile_queries =
+      hd >= 64 ? kTileQueries
+               : std::clamp<size_t>(kScoreBytes / ((max_pos + 1) * sizeof(float)), kTileQueries,
+                                    kTileQueries * 64 / static_cast<size_t>(hd));
+  const std::vector<QueryTile> tiles =
+      query_tiles(rows, std::max<size_t>(1, tile_queries / static_cast<size_t>(group)));
+  const size_t tasks = tiles.size() * static_cast<size_t>(c.n_kv_heads);
   // Each task reads up to (max_pos + 1) keys and values of head_dim each.
   const size_t grain = std::max<size_t>(1, 8192 / ((max_pos + 1) * hd));
   threads.parallel_for(
       tasks,
       [&](size_t begin, size_t end) {
         std::vector<float> scores, sums;
-        std::vector<size_t> n_pos, first_key;
-        std::vector<const float*> q_ptrs, p_ptrs;
+        std::vector<size_t> n_pos, first_key, everyone;
+        std::vector<const float*> q_at, q_ptrs, p_ptrs;
+        std::vector<float*> attn_at;
         std::vector<float*> out_ptrs;
         BlockReaders readers;
         std::vector<size_t> members;
@@ -268,12 +277,20 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
           };
           n_pos.resize(queries);
           first_key.resize(queries);
-          size_t longest = 0, first_block = SIZE_MAX;
+          q_at.resize(queries);
+          attn_at.resize(queries);
+          everyone.resize(queries);
+          size_t longest = 0, shortest = SIZE_MAX, first_block = SIZE_MAX, last_first_key = 0;
           for (size_t j = 0; j < queries; ++j) {
             n_pos[j] = static_cast<size_t>(rows[tile.first_row + j / group].pos) + 1;
             first_key[j] = window > 0 && n_pos[j] > window ? n_pos[j] - window : 0;
+            q_at[j] = s.q.data() + q_of(j);
+            attn_at[j] = s.attn.data() + q_of(j);
+            everyone[j] = j;
             longest = std::max(longest, n_pos[j]);
+            shortest = std::min(shortest, n_pos[j]);
             first_block = std::min(first_block, first_key[j] / bt * bt);
+            last_first_key = std::max(last_first_key, first_key[j]);
           }
           // Query j's scores and weights cover the blocks from the one holding its first key;
           // those before its window inside that block get weight 0.
@@ -328,6 +345,13 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
           // With own_apart (keys grouped per channel), a query's own block is read apart even
           // when the query sees all of it.
           const auto visit = [&](size_t t0, bool own_apart, auto&& partial, auto&& whole) {
+            // Every query of one sequence sees the whole block (the common case, away from
+            // the causal diagonal and the window's edge): one group of them all.
+            if (one_table && t0 >= last_first_key &&
+                t0 + static_cast<size_t>(bt) + (own_apart ? 1 : 0) <= shortest) {
+              whole(lead.block_of(t0), std::span<const size_t>(everyone));
+              return;
+            }
             members.clear();
             readers.full.clear();
             const kv::BlockId lead_block = one_table ? lead.block_of(t0) : kv::BlockId{};
@@ -356,14 +380,14 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
                 t0, channel_keys,
                 [&](size_t j, kv::BlockId id, size_t n) {
                   kernels::kv_scores(
-                      channel_keys ? own_block_keys(j) : kv_rows(g.k_dtype, id, k_run),
-                      s.q.data() + q_of(j), n, hd, scale, scores.data() + j * longest + t0);
+                      channel_keys ? own_block_keys(j) : kv_rows(g.k_dtype, id, k_run), q_at[j], n,
+                      hd, scale, scores.data() + j * longest + t0);
                 },
                 [&](kv::BlockId id, std::span<const size_t> js) {
                   q_ptrs.clear();
                   out_ptrs.clear();
                   for (size_t j : js) {
-                    q_ptrs.push_back(s.q.data() + q_of(j));
+                    q_ptrs.push_back(q_at[j]);
                     out_ptrs.push_back(scores.data() + j * longest + t0);
                   }
                   kernels::kv_scores_queries(kv_rows(g.k_dtype, id, k_run), q_ptrs.data(),
@@ -377,7 +401,7 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
             if (c.attn_softcap > 0.0f) soft_cap(p + first, end - first, c.attn_softcap);
             std::fill(p + begin, p + first, 0.0f);
             sums[j] = kernels::softmax_exp(p + first, end - first);
-            std::fill_n(s.attn.data() + q_of(j), hd, 0.0f);
+            std::fill_n(attn_at[j], hd, 0.0f);
           }
           for (size_t t0 = first_block; t0 < longest; t0 += bt) {
             prefetch(t0, v_run);
@@ -386,22 +410,21 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
                 t0, false,
                 [&](size_t j, kv::BlockId id, size_t n) {
                   kernels::kv_accumulate(kv_rows(g.v_dtype, id, v_run),
-                                         scores.data() + j * longest + t0, n, hd,
-                                         s.attn.data() + q_of(j));
+                                         scores.data() + j * longest + t0, n, hd, attn_at[j]);
                 },
                 [&](kv::BlockId id, std::span<const size_t> js) {
                   p_ptrs.clear();
                   out_ptrs.clear();
                   for (size_t j : js) {
                     p_ptrs.push_back(scores.data() + j * longest + t0);
-                    out_ptrs.push_back(s.attn.data() + q_of(j));
+                    out_ptrs.push_back(attn_at[j]);
                   }
                   kernels::kv_accumulate_queries(kv_rows(g.v_dtype, id, v_run), p_ptrs.data(),
                                                  p_ptrs.size(), bt, hd, out_ptrs.data());
                 });
           }
           for (size_t j = 0; j < queries; ++j) {
-            float* out = s.attn.data() + q_of(j);
+            float* out = attn_at[j];
             const float inv = 1.0f / sums[j];
             for (int i = 0; i < hd; ++i) out[i] *= inv;
           }
