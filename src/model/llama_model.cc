@@ -342,12 +342,24 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
           const bool one_table =
               std::all_of(rows.begin() + tile.first_row, rows.begin() + tile.first_row + tile.rows,
                           [&](const BatchRow& r) { return r.table == &lead; });
+          // Positions before shared_tokens lie in blocks every row's table shares with lead's.
+          size_t shared_tokens = lead.capacity_tokens();
+          for (size_t r = tile.first_row; r < tile.first_row + tile.rows; ++r) {
+            if (rows[r].table == &lead) continue;
+            const std::vector<kv::BlockId>& mine = rows[r].table->blocks();
+            const std::vector<kv::BlockId>& theirs = lead.blocks();
+            size_t b = 0;
+            const size_t n_blocks =
+                std::min({mine.size(), theirs.size(), shared_tokens / static_cast<size_t>(bt)});
+            while (b < n_blocks && mine[b] == theirs[b]) ++b;
+            shared_tokens = b * static_cast<size_t>(bt);
+          }
           // With own_apart (keys grouped per channel), a query's own block is read apart even
           // when the query sees all of it.
           const auto visit = [&](size_t t0, bool own_apart, auto&& partial, auto&& whole) {
-            // Every query of one sequence sees the whole block (the common case, away from
-            // the causal diagonal and the window's edge): one group of them all.
-            if (one_table && t0 >= last_first_key &&
+            // Every query sees the whole block, which all of their sequences hold (the common
+            // case, away from the causal diagonal and the window's edge): one group of them all.
+            if (t0 + static_cast<size_t>(bt) <= shared_tokens && t0 >= last_first_key &&
                 t0 + static_cast<size_t>(bt) + (own_apart ? 1 : 0) <= shortest) {
               whole(lead.block_of(t0), std::span<const size_t>(everyone));
               return;
