@@ -195,29 +195,14 @@ void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, siz
   }
 }
 
-// The 8-float vectors attention_lanes.h is written over.
-struct Lanes {
-  using Vec = __m256;
-  static constexpr size_t kWidth = 8;
-  static Vec load(const float* p) { return _mm256_loadu_ps(p); }
-  static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
-  static Vec set1(float x) { return _mm256_set1_ps(x); }
-  static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-  static Vec load_f16(const uint16_t* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
+#include "base/eight_float_lanes.h"
+
+// The 8-float vectors attention_lanes.h is written over, with this file's single-row dot.
+struct Lanes : EightFloatLanes {
   static Vec dot_f16(const uint16_t* a, const float* b, size_t n, size_t* tail) {
     return dot_f16_f32_lanes(a, b, n, tail);
   }
   static void hsum8(const Vec v[8], float out[8]) { hsum256x8(v, out); }
-  static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
-  static Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
-  // kt[d * 8 + t] = row t's value d, for 8 rows of 8 f16 values (row t at k + t * stride).
-  static void transpose_f16(const uint16_t* k, size_t stride, float* kt) {
-    Vec r[8];
-    for (int i = 0; i < 8; ++i) r[i] = load_f16(k + i * stride);
-    transpose8x8(r, kt);
-  }
 };
 
 #include "base/attention_lanes.h"
