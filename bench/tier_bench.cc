@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -133,29 +134,86 @@ engine::EngineOptions options_for(const model::LlamaModel& model, const Workload
   return e;
 }
 
+// Submits requests[first, first + kInFlight) together and waits for them, adding their TTFT
+// and counts to r.
+void run_wave(engine::Engine& e, const std::vector<Tokens>& requests, size_t first,
+              const kv::Hash256& ns, Result& r, std::vector<double>& ttft) {
+  std::vector<std::shared_ptr<engine::RequestHandle>> wave;
+  for (size_t j = first; j < std::min(requests.size(), first + kInFlight); ++j) {
+    wave.push_back(e.submit(make_request(requests[j], 1, ns)));
+  }
+  for (auto& h : wave) {
+    h->wait_text();
+    const engine::RequestStats s = h->stats();
+    ttft.push_back(s.ttft_ms);
+    r.prompt_tokens += s.prompt_tokens;
+    r.cached_tokens += s.cached_tokens;
+    r.disk_tokens += s.disk_tokens;
+  }
+}
+
+void set_quantiles(Result& r, std::vector<double>& ttft) {
+  r.ttft_p50 = quantile(ttft, 0.5);
+  r.ttft_p99 = quantile(ttft, 0.99);
+}
+
 // Sends requests kInFlight at a time, each waiting for its wave.
 Result replay(engine::Engine& e, const std::vector<Tokens>& requests, const kv::Hash256& ns) {
   Result r;
   std::vector<double> ttft;
   const auto start = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < requests.size(); i += kInFlight) {
-    std::vector<std::shared_ptr<engine::RequestHandle>> wave;
-    for (size_t j = i; j < std::min(requests.size(), i + kInFlight); ++j) {
-      wave.push_back(e.submit(make_request(requests[j], 1, ns)));
-    }
-    for (auto& h : wave) {
-      h->wait_text();
-      const engine::RequestStats s = h->stats();
-      ttft.push_back(s.ttft_ms);
-      r.prompt_tokens += s.prompt_tokens;
-      r.cached_tokens += s.cached_tokens;
-      r.disk_tokens += s.disk_tokens;
+  for (size_t i = 0; i < requests.size(); i += kInFlight) run_wave(e, requests, i, ns, r, ttft);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  set_quantiles(r, ttft);
+  return r;
+}
+
+// The orders of the three policies, the six of a Williams design, in which each policy follows
+// each other one equally often: a policy's work can slow the one after it.
+constexpr size_t kOrders[6][3] = {{0, 1, 2}, {2, 1, 0}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}};
+
+// Replays the workload under every policy at once, one engine each: every wave of requests goes
+// to the three engines in turn, in an order that rotates from wave to wave, so that a slow
+// spell of a shared machine (one binary's prefill rate can vary twofold between runs here)
+// falls on all of them alike. An engine's tier writes are drained after its wave, so that they
+// fall on no other policy's wave; a wave's blocks are a few, and their writes well under a
+// millisecond.
+std::map<Policy, Result> replay_policies(const model::LlamaModel& model,
+                                         const model::Tokenizer& tok, const Workload& w,
+                                         int threads, size_t rotation) {
+  struct Run {
+    std::unique_ptr<TierDir> dir;
+    std::unique_ptr<engine::Engine> engine;
+    kv::Hash256 ns{};
+    Result result;
+    std::vector<double> ttft;
+  };
+  std::map<Policy, Run> runs;
+  for (const Policy p : kPolicies) {
+    Run& run = runs[p];
+    run.dir = std::make_unique<TierDir>();
+    run.engine = std::make_unique<engine::Engine>(
+        model, tok, options_for(model, w, p, run.dir->path(), threads));
+    run.ns = run.engine->namespace_for("bench");
+  }
+  for (size_t i = 0, wave = 0; i < w.requests.size(); i += kInFlight, ++wave) {
+    for (const size_t k : kOrders[(rotation + wave) % 6]) {
+      Run& run = runs[kPolicies[k]];
+      const auto start = std::chrono::steady_clock::now();
+      run_wave(*run.engine, w.requests, i, run.ns, run.result, run.ttft);
+      run.result.seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      run.engine->drain_tiers();
     }
   }
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  r.ttft_p50 = quantile(ttft, 0.5);
-  r.ttft_p99 = quantile(ttft, 0.99);
-  return r;
+  std::map<Policy, Result> results;
+  for (auto& [p, run] : runs) {
+    set_quantiles(run.result, run.ttft);
+    run.result.tiers = run.engine->stats().tiers;
+    run.engine->flush_tiers();
+    results[p] = run.result;
+  }
+  return results;
 }
 
 struct WarmRestart {
@@ -228,7 +286,7 @@ void run_tier_bench(const TierBenchOptions& o, std::ostream& out) {
         o.model_path, model->config().n_layers, model->config().context_length, o.threads,
         kInFlight,
         o.repeat > 1
-            ? fmt::format("; TTFT medians of {} runs per policy, in varied order", o.repeat)
+            ? fmt::format("; TTFT medians of {} runs per policy", o.repeat)
             : std::string());
     out << fmt::format("{:<14} {:<9} {:>9} {:>12} {:>12} {:>9} {:>9} {:>8} {:>8}", "workload",
                        "policy", "requests", "TTFT p50 ms", "TTFT p99 ms", "hit %", "disk %",
@@ -238,28 +296,14 @@ void run_tier_bench(const TierBenchOptions& o, std::ostream& out) {
   }
   for (const std::string& name : o.workloads) {
     const Workload w = make_workload(name, model->config(), o.scale, o.seed);
-    // Each repetition runs the three policies in another order, so that a slow spell of a
-    // shared machine does not always fall on the same policy; the orders are the six of a
-    // Williams design, in which each policy follows each other one equally often (over six
-    // repetitions), since a run can slow the next (keep-all's gigabytes of freed blocks are
-    // still being discarded). Each policy's figures are the medians over its repetitions.
-    // (The first three already put each policy after keep-all at most once.)
-    static constexpr size_t kOrders[6][3] = {{0, 1, 2}, {2, 1, 0}, {0, 2, 1},
-                                             {1, 0, 2}, {1, 2, 0}, {2, 0, 1}};
+    // Each repetition starts the rotation of the policies' order elsewhere; each policy's
+    // figures are the medians over the repetitions.
     std::map<Policy, std::vector<Result>> runs;
     for (int rep = 0; rep < o.repeat; ++rep) {
-      for (size_t k = 0; k < std::size(kPolicies); ++k) {
-        const Policy p = kPolicies[kOrders[static_cast<size_t>(rep) % 6][k]];
-        TierDir dir;
-        // What the previous policy wrote is on the disk before this one starts, so that its
-        // write-back does not fall on this policy's requests.
-        ::sync();
-        engine::Engine e(*model, tokenizer, options_for(*model, w, p, dir.path(), o.threads));
-        const kv::Hash256 ns = e.namespace_for("bench");
-        Result r = replay(e, w.requests, ns);
-        e.drain_tiers();
-        r.tiers = e.stats().tiers;
-        e.flush_tiers();
+      // The previous workload's writes are on the disk before this one starts.
+      ::sync();
+      for (auto& [p, r] : replay_policies(*model, tokenizer, w, o.threads,
+                                          static_cast<size_t>(rep))) {
         runs[p].push_back(r);
       }
     }

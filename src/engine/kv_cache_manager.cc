@@ -242,14 +242,16 @@ void KvCacheManager::load_from_tiers(Sequence& s) {
   if ((!disk_ && !redis_) || s.tokens.size() < 2) return;
   const size_t bt = pool_->geometry().block_tokens;
   const size_t limit = s.tokens.size() - 1;  // the last prompt token is always computed
-  const size_t first = index_->explain(s.req.ns, s.tokens, limit).shared_blocks;
-  // The chained hashes of the prompt's full blocks after the in-pool prefix.
-  kv::Hash256 parent{};
+  const kv::PrefixMatch in_pool = index_->explain(s.req.ns, s.tokens, limit);
+  const size_t first = in_pool.shared_blocks;
+  // The chained hashes of the prompt's full blocks after the in-pool prefix, chained on from
+  // the last block it shares (whose hash the index keeps).
+  kv::Hash256 parent = in_pool.last_shared_hash;
   std::vector<kv::Hash256> wanted;
   const std::span<const int32_t> tokens(s.tokens);
-  for (size_t b = 0; (b + 1) * bt <= limit; ++b) {
+  for (size_t b = first; (b + 1) * bt <= limit; ++b) {
     parent = kv::chain_hash(s.req.ns, parent, tokens.subspan(b * bt, bt));
-    if (b >= first) wanted.push_back(parent);
+    wanted.push_back(parent);
   }
   // Where each comes from: the disk's unbroken run first, then Redis's for the rest; a block
   // still waiting in a tier's write queue counts as held there.

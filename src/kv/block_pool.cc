@@ -9,7 +9,8 @@ namespace kvc::kv {
 
 BlockPool::BlockPool(const KvGeometry& geometry, size_t memory_bytes) : geometry_(geometry) {
   geometry_.validate();
-  const size_t block = geometry_.bytes_per_block();
+  block_bytes_ = geometry_.bytes_per_block();
+  const size_t block = block_bytes_;
   const size_t n = memory_bytes / block;
   if (n == 0) {
     fail("KV memory of {} bytes holds no block: one block of {} tokens takes {} bytes",

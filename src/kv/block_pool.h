@@ -57,10 +57,8 @@ class BlockPool : public BlockSource {
   // Copies the keys and values of the first n_tokens token slots of src into dst.
   void copy_tokens(BlockId src, BlockId dst, int n_tokens);
   uint32_t ref_count(BlockId id) const { return refs_.at(check(id)); }
-  uint8_t* data(BlockId id) { return arena_.data() + check(id) * geometry_.bytes_per_block(); }
-  const uint8_t* data(BlockId id) const {
-    return arena_.data() + check(id) * geometry_.bytes_per_block();
-  }
+  uint8_t* data(BlockId id) { return arena_.data() + check(id) * block_bytes_; }
+  const uint8_t* data(BlockId id) const { return arena_.data() + check(id) * block_bytes_; }
 
   PoolCounts counts() const;
 
@@ -70,6 +68,7 @@ class BlockPool : public BlockSource {
   void check_accounting() const;
 
   KvGeometry geometry_;
+  size_t block_bytes_ = 0;  // geometry_.bytes_per_block(), read on every block access
   AlignedBuffer<uint8_t> arena_;
   std::vector<BlockState> states_;
   std::vector<uint32_t> refs_;

@@ -2,6 +2,8 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
+
 #include "base/error.h"
 
 namespace kvc::kv {
@@ -35,11 +37,16 @@ Hasher& Hasher::str(std::string_view s) {
 
 Hasher& Hasher::tokens(std::span<const int32_t> ids) {
   u64(ids.size());
-  for (int32_t id : ids) {
-    const auto v = static_cast<uint32_t>(id);
-    const uint8_t b[4] = {static_cast<uint8_t>(v), static_cast<uint8_t>(v >> 8),
-                          static_cast<uint8_t>(v >> 16), static_cast<uint8_t>(v >> 24)};
-    bytes(b, 4);
+  // Little-endian bytes, a buffer at a time (one digest update per 64 ids, not per id).
+  uint8_t b[256];
+  for (size_t i = 0; i < ids.size();) {
+    const size_t n = std::min<size_t>(64, ids.size() - i);
+    for (size_t k = 0; k < n; ++k) {
+      const auto v = static_cast<uint32_t>(ids[i + k]);
+      for (int byte = 0; byte < 4; ++byte) b[4 * k + byte] = static_cast<uint8_t>(v >> (8 * byte));
+    }
+    bytes(b, 4 * n);
+    i += n;
   }
   return *this;
 }

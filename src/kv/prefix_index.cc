@@ -226,6 +226,7 @@ PrefixMatch PrefixIndex::explain(const Hash256& ns, std::span<const int32_t> tok
   const Walk w = walk(ns, tokens, limit);
   PrefixMatch m;
   m.shared_blocks = w.path.size();
+  if (!w.path.empty()) m.last_shared_hash = w.path.back()->hash;
   for (const Node* n : w.path) m.shared_unreferenced += pool_.ref_count(n->block) == 0;
   m.copied_tokens = options_.partial_reuse ? w.partial_tokens : 0;
   m.cached_tokens = w.full_tokens + m.copied_tokens;
@@ -239,6 +240,7 @@ PrefixMatch PrefixIndex::match(const Hash256& ns, std::span<const int32_t> token
   Walk w = walk(ns, tokens, limit);
   PrefixMatch m;
   m.miss = w.miss;
+  if (!w.path.empty()) m.last_shared_hash = w.path.back()->hash;
   for (Node* n : w.path) {
     m.shared_unreferenced += pool_.ref_count(n->block) == 0;
     table.append_shared(n->block);

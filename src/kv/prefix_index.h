@@ -57,6 +57,9 @@ struct PrefixMatch {
   // Of the shared blocks, those no sequence held at lookup time: the match takes them out of
   // the evictable set, so an admission check must not count them as room as well.
   size_t shared_unreferenced = 0;
+  // The chained hash of the last shared block (zero when none): where a tier lookup of the
+  // blocks after the shared ones chains on.
+  Hash256 last_shared_hash{};
   MissReason miss;
 };
 

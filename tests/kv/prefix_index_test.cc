@@ -78,6 +78,12 @@ TEST(PrefixIndex, SecondRequestSharesFullBlocksAndCopiesThePartOfOne) {
   EXPECT_EQ(m.copied_tokens, 2u);
   EXPECT_EQ(m.miss.kind, MissKind::kNone);
   EXPECT_EQ(f.index.stats().hit_tokens, 10u);
+  // The last shared block's chained hash, as a tier lookup would compute it from the start.
+  const auto tokens = iota(11);
+  const Hash256 first = chain_hash(f.ns_a, Hash256{}, std::span(tokens).subspan(0, 4));
+  EXPECT_EQ(m.last_shared_hash, chain_hash(f.ns_a, first, std::span(tokens).subspan(4, 4)));
+  EXPECT_EQ(f.index.explain(f.ns_a, tokens, 10).last_shared_hash, m.last_shared_hash);
+  EXPECT_EQ(f.index.explain(f.ns_b, tokens, 10).last_shared_hash, Hash256{});
 }
 
 TEST(PrefixIndex, DivergedReportsTheFirstDifferentToken) {
