@@ -53,10 +53,10 @@ class Runner {
 
   // n requests submitted together, run to their ends.
   std::vector<engine::RequestStats> run_together(const Tokens& prompt, int max_tokens, int n) {
-    std::vector<std::shared_ptr<engine::RequestHandle>> handles;
-    for (int i = 0; i < n; ++i) handles.push_back(engine_.submit(request(prompt, max_tokens)));
+    std::vector<engine::Request> requests;
+    for (int i = 0; i < n; ++i) requests.push_back(request(prompt, max_tokens));
     std::vector<engine::RequestStats> stats;
-    for (auto& h : handles) {
+    for (auto& h : engine_.submit_all(std::move(requests))) {
       engine::Completion c = engine::collect(*h);
       if (!c.error.empty()) fail("bench request failed: {}", c.error);
       stats.push_back(c.stats);

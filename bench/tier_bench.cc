@@ -138,11 +138,12 @@ engine::EngineOptions options_for(const model::LlamaModel& model, const Workload
 // and counts to r.
 void run_wave(engine::Engine& e, const std::vector<Tokens>& requests, size_t first,
               const kv::Hash256& ns, Result& r, std::vector<double>& ttft) {
-  std::vector<std::shared_ptr<engine::RequestHandle>> wave;
+  // Submitted together, so that no wave is split by which request the step thread saw first.
+  std::vector<engine::Request> wave;
   for (size_t j = first; j < std::min(requests.size(), first + kInFlight); ++j) {
-    wave.push_back(e.submit(make_request(requests[j], 1, ns)));
+    wave.push_back(make_request(requests[j], 1, ns));
   }
-  for (auto& h : wave) {
+  for (auto& h : e.submit_all(std::move(wave))) {
     h->wait_text();
     const engine::RequestStats s = h->stats();
     ttft.push_back(s.ttft_ms);
@@ -285,9 +286,8 @@ void run_tier_bench(const TierBenchOptions& o, std::ostream& out) {
         "in flight, pool = a quarter of each working set{}\n\n",
         o.model_path, model->config().n_layers, model->config().context_length, o.threads,
         kInFlight,
-        o.repeat > 1
-            ? fmt::format("; TTFT medians of {} runs per policy", o.repeat)
-            : std::string());
+        o.repeat > 1 ? fmt::format("; TTFT medians of {} runs per policy", o.repeat)
+                     : std::string());
     out << fmt::format("{:<14} {:<9} {:>9} {:>12} {:>12} {:>9} {:>9} {:>8} {:>8}", "workload",
                        "policy", "requests", "TTFT p50 ms", "TTFT p99 ms", "hit %", "disk %",
                        "stored", "dropped");
@@ -302,8 +302,8 @@ void run_tier_bench(const TierBenchOptions& o, std::ostream& out) {
     for (int rep = 0; rep < o.repeat; ++rep) {
       // The previous workload's writes are on the disk before this one starts.
       ::sync();
-      for (auto& [p, r] : replay_policies(*model, tokenizer, w, o.threads,
-                                          static_cast<size_t>(rep))) {
+      for (auto& [p, r] :
+           replay_policies(*model, tokenizer, w, o.threads, static_cast<size_t>(rep))) {
         runs[p].push_back(r);
       }
     }

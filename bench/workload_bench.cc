@@ -53,12 +53,11 @@ Measured run_batch(const Context& c, bool cache, const Tokens& warm_up,
   const kv::Hash256 ns = engine.namespace_for("");
   engine.submit(make_request(warm_up, 1, ns))->wait_text();
   const auto start = Clock::now();
-  std::vector<std::shared_ptr<engine::RequestHandle>> handles;
-  for (const auto& p : prompts)
-    handles.push_back(engine.submit(make_request(p, c.o.output_tokens, ns)));
+  std::vector<engine::Request> requests;
+  for (const auto& p : prompts) requests.push_back(make_request(p, c.o.output_tokens, ns));
   Measured m;
   std::vector<double> ttft;
-  for (auto& h : handles) {
+  for (auto& h : engine.submit_all(std::move(requests))) {
     h->wait_text();
     const auto s = h->stats();
     ttft.push_back(s.ttft_ms);

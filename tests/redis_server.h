@@ -28,8 +28,12 @@ class RedisServer {
  public:
   // Starts redis-server with extra arguments (e.g. {"--maxmemory", "2mb"}); check running().
   explicit RedisServer(std::vector<std::string> extra = {}) : extra_(std::move(extra)) {
-    port_ = free_port();
-    start();
+    // A port found free can be taken before the server binds it (by another test's server or
+    // a client's ephemeral port): then try another.
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      port_ = free_port();
+      if (start()) return;
+    }
   }
   ~RedisServer() { stop(SIGKILL); }
   RedisServer(const RedisServer&) = delete;
@@ -85,15 +89,21 @@ class RedisServer {
       _exit(127);
     }
     pid_ = pid;
-    // Ready when it answers PING (within 5 s).
+    // Ready when it answers (within 5 s), as this process: a server another test started on
+    // the same port would answer too.
     for (int i = 0; i < 500; ++i) {
       redisContext* c = connect();
       if (c != nullptr && c->err == 0) {
-        auto* r = static_cast<redisReply*>(redisCommand(c, "PING"));
-        const bool ok = r != nullptr && r->type == REDIS_REPLY_STATUS;
+        auto* r = static_cast<redisReply*>(redisCommand(c, "INFO server"));
+        const bool answered = r != nullptr && r->type == REDIS_REPLY_STRING;
+        const bool ours =
+            answered &&
+            std::string(r->str, r->len).find("process_id:" + std::to_string(pid_) + "\r\n") !=
+                std::string::npos;
         if (r != nullptr) freeReplyObject(r);
         redisFree(c);
-        if (ok) return true;
+        if (ours) return true;
+        if (answered) break;
       } else if (c != nullptr) {
         redisFree(c);
       }

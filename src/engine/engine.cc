@@ -139,6 +139,12 @@ void Engine::wake() {
 }
 
 std::shared_ptr<RequestHandle> Engine::submit(Request request) {
+  std::vector<Request> one;
+  one.push_back(std::move(request));
+  return submit_all(std::move(one)).front();
+}
+
+std::unique_ptr<Sequence> Engine::make_sequence(Request request) {
   const auto& c = model_.config();
   if (request.prompt.empty()) throw RequestError(RequestErrorKind::kInvalid, "the prompt is empty");
   for (int32_t t : request.prompt) {
@@ -191,32 +197,45 @@ std::shared_ptr<RequestHandle> Engine::submit(Request request) {
   s->stats.prompt_tokens = request.prompt.size();
   s->submitted_ms = now_ms();
   s->req = std::move(request);
-  auto handle = s->handle;
-  handle->set_on_cancel([waker = waker_] {
+  s->handle->set_on_cancel([waker = waker_] {
     MutexLock lock(waker->mu);
     if (waker->engine != nullptr) waker->engine->wake();
   });
+  return s;
+}
+
+std::vector<std::shared_ptr<RequestHandle>> Engine::submit_all(std::vector<Request> requests) {
+  std::vector<std::unique_ptr<Sequence>> sequences;
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (Request& r : requests) {
+    sequences.push_back(make_sequence(std::move(r)));
+    handles.push_back(sequences.back()->handle);
+  }
+  const size_t n = sequences.size();
   {
     MutexLock lock(intake_mu_);
     if (!accepting_) {
       throw RequestError(RequestErrorKind::kShutdown, "the engine is shutting down");
     }
-    if (queued_ >= options_.max_waiting) {
+    if (queued_ + n > options_.max_waiting) {
       MutexLock stats_lock(stats_mu_);
-      ++stats_.rejected_overloaded;
-      throw RequestError(RequestErrorKind::kOverloaded,
-                         fmt::format("overloaded: {} requests are already waiting", queued_));
+      stats_.rejected_overloaded += n;
+      throw RequestError(
+          RequestErrorKind::kOverloaded,
+          n == 1 ? fmt::format("overloaded: {} requests are already waiting", queued_)
+                 : fmt::format("overloaded: {} requests are already waiting, no room for {} more",
+                               queued_, n));
     }
-    ++queued_;
+    queued_ += n;
     ++wakes_;
-    incoming_.push_back(std::move(s));
+    for (auto& s : sequences) incoming_.push_back(std::move(s));
   }
   {
     MutexLock lock(stats_mu_);
-    ++stats_.submitted;
+    stats_.submitted += n;
   }
   intake_cv_.notify_all();
-  return handle;
+  return handles;
 }
 
 void Engine::loop() {

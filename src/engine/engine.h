@@ -87,6 +87,10 @@ class Engine {
   // prompt and max_tokens could never fit the pool or the context: says both figures),
   // kOverloaded (the waiting queue is full) or kShutdown.
   std::shared_ptr<RequestHandle> submit(Request request);
+  // Queues requests that arrive together (the choices of one API request, a benchmark's
+  // batch): all or none are accepted, and the step that follows sees every one of them. Throws
+  // as submit() does, for the first request that fails or for the whole group.
+  std::vector<std::shared_ptr<RequestHandle>> submit_all(std::vector<Request> requests);
 
   // Stops admitting, lets running and waiting requests finish for up to drain_ms, cancels
   // the rest, and joins the step thread. Idempotent.
@@ -128,6 +132,8 @@ class Engine {
   void loop();
   // One step; false when it could make no progress (nothing to run, nothing changed).
   bool step();
+  // A validated, not yet queued sequence for request; throws RequestError as submit() does.
+  std::unique_ptr<Sequence> make_sequence(Request request);
   void intake() REQUIRES(state_mu_) EXCLUDES(intake_mu_);
   void finish(Sequence& s, FinishReason reason, const std::string& error = {}) REQUIRES(state_mu_);
   void after_row(Sequence& s, std::span<const float> logits) REQUIRES(state_mu_);

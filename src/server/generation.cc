@@ -21,7 +21,7 @@ ApiError api_error_for(const engine::RequestError& e) {
 
 Generation::Generation(engine::Engine& engine, std::vector<engine::Request> requests) {
   try {
-    for (auto& r : requests) handles_.push_back(engine.submit(std::move(r)));
+    handles_ = engine.submit_all(std::move(requests));
   } catch (const engine::RequestError& e) {
     cancel();
     throw api_error_for(e);

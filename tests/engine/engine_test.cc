@@ -188,6 +188,42 @@ TEST(Engine, OverloadAndOversizeAreClearErrors) {
   EXPECT_GE(engine.stats().rejected_overloaded, 1u);
 }
 
+TEST(Engine, RequestsSubmittedTogetherArriveTogetherOrNotAtAll) {
+  Loaded m(testing::synthetic_model_path("tiny", DType::F32));
+  EngineOptions o;
+  o.threads = 1;
+  o.max_running = 4;
+  o.max_waiting = 3;
+  o.kv_memory_bytes =
+      m.model->config().kv_geometry(DType::F16, DType::F16, 16).bytes_per_block() * 16;
+  Engine engine(*m.model, *m.tokenizer, o);
+  const auto group = [](size_t n, std::vector<int32_t> last_prompt) {
+    std::vector<Request> requests;
+    for (size_t i = 0; i + 1 < n; ++i) requests.push_back(greedy({1, 2, 3, int32_t(4 + i)}, 1));
+    requests.push_back(greedy(std::move(last_prompt), 1));
+    return requests;
+  };
+  // More than the waiting queue holds, or one invalid request: none of the group is queued.
+  EXPECT_THAT(
+      [&] {
+        engine.submit_all(group(4, {1, 2}));
+      },
+      ::testing::ThrowsMessage<RequestError>(
+          HasSubstr("0 requests are already waiting, no room for 4 more")));
+  EXPECT_THAT(
+      [&] {
+        engine.submit_all(group(3, {1, 99999}));
+      },
+      ::testing::ThrowsMessage<RequestError>(HasSubstr("outside the vocabulary")));
+  EXPECT_EQ(engine.stats().submitted, 0u);
+  // A group the step thread sees at once: one forward pass prefills all three.
+  std::vector<Outcome> outcomes;
+  for (auto& h : engine.submit_all(group(3, {1, 2, 9}))) outcomes.push_back(collect(*h));
+  for (const Outcome& out : outcomes) EXPECT_EQ(out.stats.generated_tokens, 1u);
+  EXPECT_EQ(engine.stats().submitted, 3u);
+  EXPECT_EQ(engine.stats().steps, 1u);
+}
+
 TEST(Engine, SessionTurnsReuseThePreviousContext) {
   Loaded m(model_path());
   EngineOptions o;
