@@ -22,6 +22,7 @@ int block_elements(DType t) {
     case DType::Q4_1:
     case DType::Q5_0:
     case DType::Q5_1:
+    case DType::IQ4_NL:
       return 32;
     case DType::Q2_K:
     case DType::Q3_K:
@@ -60,6 +61,8 @@ size_t block_bytes(DType t) {
       return sizeof(BlockQ5_K);
     case DType::Q6_K:
       return sizeof(BlockQ6_K);
+    case DType::IQ4_NL:
+      return sizeof(BlockIQ4_NL);
   }
   return 0;
 }
@@ -96,6 +99,8 @@ std::string_view dtype_name(DType t) {
       return "q5_K";
     case DType::Q6_K:
       return "q6_K";
+    case DType::IQ4_NL:
+      return "iq4_nl";
   }
   return "?";
 }
@@ -142,6 +147,8 @@ uint32_t ggml_type_id(DType t) {
       return 13;
     case DType::Q6_K:
       return 14;
+    case DType::IQ4_NL:
+      return 20;
   }
   return ~0u;
 }
@@ -257,6 +264,17 @@ void dequantize_row(DType t, const void* src, float* dst, size_t n) {
       }
       return;
     }
+    case DType::IQ4_NL: {
+      const auto* b = static_cast<const BlockIQ4_NL*>(src);
+      for (size_t i = 0; i < n / 32; ++i) {
+        const float d = f16_to_f32(b[i].d);
+        for (int j = 0; j < 16; ++j) {
+          dst[i * 32 + j] = d * kIq4NlValues[b[i].qs[j] & 0x0f];
+          dst[i * 32 + j + 16] = d * kIq4NlValues[b[i].qs[j] >> 4];
+        }
+      }
+      return;
+    }
     default:
       dequantize_ggml_blocks(t, src, dst, n);
       return;
@@ -314,6 +332,9 @@ void quantize_row(DType t, const float* src, void* dst, size_t n) {
       }
       return;
     }
+    case DType::IQ4_NL:
+      quantize_iq4_nl(src, static_cast<BlockIQ4_NL*>(dst), n);
+      return;
     default:
       quantize_ggml_blocks(t, src, dst, n);
       return;

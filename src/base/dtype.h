@@ -23,12 +23,13 @@ enum class DType : uint8_t {
   Q3_K,
   Q4_K,
   Q5_K,
-  Q6_K
+  Q6_K,
+  IQ4_NL
 };
-constexpr int kDTypeCount = 13;
+constexpr int kDTypeCount = 14;
 
-// Elements per quantisation block (32 for q8_0, q4_0, q4_1, q5_0, q5_1; 256 for the K types;
-// 1 otherwise).
+// Elements per quantisation block (32 for q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; 256 for the K
+// types; 1 otherwise).
 int block_elements(DType t);
 // Bytes per quantisation block (34 for q8_0, 18 for q4_0, ..., element size otherwise).
 size_t block_bytes(DType t);
@@ -40,7 +41,7 @@ std::string_view dtype_name(DType t);
 // unknown.
 std::optional<DType> parse_dtype(std::string_view name);
 // GGML tensor type id of t (F32=0, F16=1, Q4_0=2, Q4_1=3, Q5_0=6, Q5_1=7, Q8_0=8, Q2_K=10 ..
-// Q6_K=14, BF16=30).
+// Q6_K=14, IQ4_NL=20, BF16=30).
 uint32_t ggml_type_id(DType t);
 // DType of a GGML type id, nullopt for types kvcache does not support.
 std::optional<DType> dtype_from_ggml(uint32_t id);
@@ -61,6 +62,17 @@ struct BlockQ4_0 {
   uint8_t qs[16];
 };
 static_assert(sizeof(BlockQ4_0) == 18);
+
+// iq4_nl: 32 4-bit indices into a fixed non-linear table sharing one f16 scale; value = d *
+// kIq4NlValues[index], the indices packed as q4_0's nibbles.
+struct BlockIQ4_NL {
+  uint16_t d;
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockIQ4_NL) == 18);
+// The levels of iq4_nl (ggml's kvalues_iq4nl), denser near zero where weights cluster.
+inline constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
 
 // IEEE binary16 <-> binary32, round to nearest even, exact for all finite values.
 float f16_to_f32(uint16_t h);

@@ -130,12 +130,27 @@ struct Q8Weights {
   }
 };
 
+// The 32 nibbles of a q4_0-packed block in element order (low nibbles, then high ones).
+inline __m256i nibbles(const uint8_t* qs) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+
 struct Q4Weights {
   using Block = BlockQ4_0;
   static __m256i values(const Block& b) {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
-    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
-    return _mm256_sub_epi8(_mm256_and_si256(both, _mm256_set1_epi8(0x0f)), _mm256_set1_epi8(8));
+    return _mm256_sub_epi8(nibbles(b.qs), _mm256_set1_epi8(8));
+  }
+};
+
+// iq4_nl: q4_0's nibbles looked up in the table of levels (in both 128-bit lanes).
+struct IQ4NLWeights {
+  using Block = BlockIQ4_NL;
+  static __m256i values(const Block& b) {
+    const __m256i levels = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues)));
+    return _mm256_shuffle_epi8(levels, nibbles(b.qs));
   }
 };
 
@@ -229,6 +244,7 @@ const GemmTable* avx2_gemm() {
       gemm_tiled<KQuantTile256<UnpackQ4_K, 3, 2>>,
       gemm_tiled<KQuantTile256<UnpackQ5_K, 3, 2>>,
       gemm_tiled<KQuantTile256<UnpackQ6_K, 3, 2>>,
+      gemm_tiled<IntTile<IQ4NLWeights>>,
   }};
   return &table;
 }

@@ -191,25 +191,53 @@ struct Q8Weights {
   }
 };
 
+// The 32 nibbles of a q4_0-packed block in element order (low nibbles, then high ones).
+inline __m256i nibbles(const uint8_t* qs) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+
+// The 64 nibbles of a pair of q4_0-packed blocks in element order (first block's low then
+// high nibbles).
+inline __m512i nibble_pair(const uint8_t* qs0, const uint8_t* qs1) {
+  const __m256i both = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs0))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs1)), 1);
+  const __m512i halves =
+      _mm512_inserti64x4(_mm512_castsi256_si512(both), _mm256_srli_epi16(both, 4), 1);
+  return _mm512_and_si512(_mm512_shuffle_i64x2(halves, halves, _MM_SHUFFLE(3, 1, 2, 0)),
+                          _mm512_set1_epi8(0x0f));
+}
+
 // q4_0's values are nibbles minus 8. IntTile multiplies the nibbles themselves (unsigned, as
 // dpbusd wants its first operand) and takes the bias through the activations' sums instead.
 struct Q4Weights {
   using Block = BlockQ4_0;
   static constexpr int kBiasShift = 3;  // u = w + 8, the nibble
   static __m256i values(const Block& b) {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
-    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
-    return _mm256_sub_epi8(_mm256_and_si256(both, _mm256_set1_epi8(0x0f)), _mm256_set1_epi8(8));
+    return _mm256_sub_epi8(nibbles(b.qs), _mm256_set1_epi8(8));
   }
-  // The 64 nibbles of a pair of blocks in element order (first block's low then high nibbles).
   static __m512i pair_unsigned(const Block& b0, const Block& b1) {
-    const __m256i both = _mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0.qs))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1.qs)), 1);
-    const __m512i halves =
-        _mm512_inserti64x4(_mm512_castsi256_si512(both), _mm256_srli_epi16(both, 4), 1);
-    return _mm512_and_si512(_mm512_shuffle_i64x2(halves, halves, _MM_SHUFFLE(3, 1, 2, 0)),
-                            _mm512_set1_epi8(0x0f));
+    return nibble_pair(b0.qs, b1.qs);
+  }
+};
+
+// iq4_nl: q4_0's nibbles looked up in the table of levels, plus 128 for the unsigned form (the
+// table in every 128-bit lane, as vpshufb looks up within lanes).
+struct IQ4NLWeights {
+  using Block = BlockIQ4_NL;
+  static constexpr int kBiasShift = 7;  // u = w + 128
+  static __m128i levels() {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues));
+  }
+  static __m256i values(const Block& b) {
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(levels()), nibbles(b.qs));
+  }
+  static __m512i pair_unsigned(const Block& b0, const Block& b1) {
+    const __m512i unsigned_levels = _mm512_xor_si512(_mm512_broadcast_i32x4(levels()),
+                                                     _mm512_set1_epi8(static_cast<char>(0x80)));
+    return _mm512_shuffle_epi8(unsigned_levels, nibble_pair(b0.qs, b1.qs));
   }
 };
 
@@ -510,6 +538,7 @@ const GemmTable* avx512_gemm() {
       gemm_tiled<KQuantTile512<UnpackQ4_K, 4, 3>>,
       gemm_tiled<KQuantTile512<UnpackQ5_K, 4, 3>>,
       gemm_tiled<KQuantTile512<UnpackQ6_K, 4, 3>>,
+      gemm_tiled<IntTile<IQ4NLWeights>>,
   }};
   return &table;
 }

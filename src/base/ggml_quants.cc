@@ -1,6 +1,7 @@
 #include "base/ggml_quants.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -255,6 +256,73 @@ void quantize_block(const float* x, BlockQ6_K& b) {
 }
 
 }  // namespace
+
+namespace {
+
+// The iq4_nl level nearest v (ties to the lower), by the midpoints between levels.
+int nearest_iq4_nl(float v) {
+  static const auto midpoints = [] {
+    std::array<float, 15> m{};
+    for (int i = 0; i < 15; ++i) m[i] = 0.5f * (kIq4NlValues[i] + kIq4NlValues[i + 1]);
+    return m;
+  }();
+  return static_cast<int>(std::upper_bound(midpoints.begin(), midpoints.end(), v) -
+                          midpoints.begin());
+}
+
+// Indices of x's nearest levels at scale d, and their squared error.
+double assign_iq4_nl(const float* x, float d, uint8_t* q) {
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  double err = 0;
+  for (int j = 0; j < 32; ++j) {
+    q[j] = static_cast<uint8_t>(nearest_iq4_nl(x[j] * id));
+    const double e = x[j] - static_cast<double>(d) * kIq4NlValues[q[j]];
+    err += e * e;
+  }
+  return err;
+}
+
+void quantize_block(const float* x, BlockIQ4_NL& b) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < 32; ++j) {
+    if (std::fabs(x[j]) > amax) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  uint8_t q[32], best_q[32];
+  float best_d = 0.0f;
+  double best_err = -1;
+  if (amax > 0.0f) {
+    // The largest magnitude at the first level (-127) or a little inside it.
+    for (int k = 0; k <= 16; k += 2) {
+      const float d0 = max / static_cast<float>(kIq4NlValues[0] + k);
+      assign_iq4_nl(x, d0, q);
+      double xv = 0, vv = 0;
+      for (int j = 0; j < 32; ++j) {
+        xv += static_cast<double>(x[j]) * kIq4NlValues[q[j]];
+        vv += static_cast<double>(kIq4NlValues[q[j]]) * kIq4NlValues[q[j]];
+      }
+      const float d = f16_to_f32(f32_to_f16(vv > 0 ? static_cast<float>(xv / vv) : d0));
+      const double err = assign_iq4_nl(x, d, q);
+      if (best_err < 0 || err < best_err) {
+        best_err = err;
+        best_d = d;
+        std::memcpy(best_q, q, 32);
+      }
+    }
+  } else {
+    std::memset(best_q, 8, 32);  // the level nearest zero
+  }
+  b.d = f32_to_f16(best_d);
+  pack_low_nibbles_32(best_q, b.qs);
+}
+
+}  // namespace
+
+void quantize_iq4_nl(const float* src, BlockIQ4_NL* dst, size_t n) {
+  for (size_t i = 0; i < n / 32; ++i) quantize_block(src + i * 32, dst[i]);
+}
 
 bool is_ggml_weight_quant(DType t) {
   return with_unpacker(t, [](auto) {});

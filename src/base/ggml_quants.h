@@ -16,5 +16,9 @@ void dequantize_ggml_blocks(DType t, const void* src, float* dst, size_t n);
 // sub-block scales quantized against the block's largest): no iterative search as llama.cpp's
 // quantize does, so its error is somewhat larger but bounded by about half a step per element.
 void quantize_ggml_blocks(DType t, const float* src, void* dst, size_t n);
+// n f32 values to iq4_nl: per block, a few scales that map the value of largest magnitude near
+// the table's end, each refitted by least squares to its nearest levels; the one of least
+// squared error is kept (at its f16 value).
+void quantize_iq4_nl(const float* src, BlockIQ4_NL* dst, size_t n);
 
 }  // namespace kvc

@@ -72,6 +72,21 @@ float dot_w_q4_0(const void* w, const void* x, size_t n) {
   return sum;
 }
 
+float dot_w_iq4_nl(const void* w, const void* x, size_t n) {
+  const auto* a = static_cast<const BlockIQ4_NL*>(w);
+  const auto* b = static_cast<const BlockQ8_0*>(x);
+  float sum = 0.0f;
+  for (size_t i = 0; i < n / 32; ++i) {
+    int isum = 0;
+    for (int j = 0; j < 16; ++j) {
+      isum += kIq4NlValues[a[i].qs[j] & 0x0f] * b[i].qs[j];
+      isum += kIq4NlValues[a[i].qs[j] >> 4] * b[i].qs[j + 16];
+    }
+    sum += static_cast<float>(isum) * (f16_to_f32(a[i].d) * f16_to_f32(b[i].d));
+  }
+  return sum;
+}
+
 #include "base/quant_unpack.h"
 
 // Weights of quant_unpack.h's types against q8_0 activations: per 16 elements, the scale times
@@ -140,7 +155,7 @@ const KernelTable& scalar_kernels() {
       {dot_w_f32, dot_w_f16, dot_w_bf16, dot_w_q8_0, dot_w_q4_0, dot_w_unpacked<UnpackQ4_1>,
        dot_w_unpacked<UnpackQ5_0>, dot_w_unpacked<UnpackQ5_1>, dot_w_unpacked<UnpackQ2_K>,
        dot_w_unpacked<UnpackQ3_K>, dot_w_unpacked<UnpackQ4_K>, dot_w_unpacked<UnpackQ5_K>,
-       dot_w_unpacked<UnpackQ6_K>},
+       dot_w_unpacked<UnpackQ6_K>, dot_w_iq4_nl},
       dot_f32_scalar,
       dot_f16_f32_scalar,
       axpy_f32_scalar,

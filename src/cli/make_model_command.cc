@@ -32,7 +32,7 @@ void add_make_model_command(CLI::App& app) {
   cmd->add_option("-o,--output", a->output, "Output GGUF file")->required();
   cmd->add_option("--dtype", a->dtype,
                   "Weight type: f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, "
-                  "q6_K, or llama.cpp's mixes q4_K_M and q5_K_M")
+                  "q6_K, iq4_nl, or llama.cpp's mixes q4_K_M and q5_K_M")
       ->capture_default_str();
   cmd->add_option("--layers", a->layers, "Override the preset's layer count");
   cmd->add_option("--context", a->context,

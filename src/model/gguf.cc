@@ -341,7 +341,7 @@ void File::parse_all() {
     if (!dtype) {
       fail(
           "{}: tensor '{}' has type {} ({}), which kvcache does not support (f32, f16, bf16, "
-          "q8_0, q4_0)",
+          "q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl)",
           label_, t.name, ggml_type_name(t.ggml_type), t.ggml_type);
     }
     t.dtype = *dtype;

@@ -200,7 +200,7 @@ void set_synthetic_dtype(SyntheticOptions& options, std::string_view name) {
   if (!t || *t == DType::BF16) {
     fail(
         "--dtype must be f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, "
-        "q4_K_M or q5_K_M, got '{}'",
+        "iq4_nl, q4_K_M or q5_K_M, got '{}'",
         name);
   }
   options.dtype = *t;
@@ -234,6 +234,8 @@ uint32_t synthetic_file_type(const SyntheticOptions& o) {
       return 16;
     case DType::Q6_K:
       return 18;
+    case DType::IQ4_NL:
+      return 25;
     case DType::BF16:
       return 32;
   }

@@ -48,7 +48,8 @@ TEST(DType, SizesMatchGgml) {
   EXPECT_EQ(dtype_from_ggml(30), DType::BF16);
   EXPECT_EQ(dtype_from_ggml(12), DType::Q4_K);
   EXPECT_FALSE(dtype_from_ggml(15).has_value());  // q8_K: only llama.cpp's activations use it
-  EXPECT_FALSE(dtype_from_ggml(20).has_value());  // iq4_nl
+  EXPECT_EQ(dtype_from_ggml(20), DType::IQ4_NL);
+  EXPECT_FALSE(dtype_from_ggml(23).has_value());  // iq4_xs
   EXPECT_EQ(ggml_type_name(12), "Q4_K");
   EXPECT_EQ(parse_dtype("fp16"), DType::F16);
   EXPECT_EQ(parse_dtype("q5_k"), DType::Q5_K);

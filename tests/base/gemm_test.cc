@@ -19,9 +19,9 @@ namespace {
 using kernels::Isa;
 using namespace isa_fixtures;
 
-constexpr DType kWeightTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
-                                  DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
-                                  DType::Q4_K, DType::Q5_K, DType::Q6_K};
+constexpr DType kWeightTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0,  DType::Q4_0,
+                                  DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K,  DType::Q3_K,
+                                  DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL};
 
 // Row lengths for type t: whole blocks only, short and long, odd and even block counts.
 std::vector<size_t> lengths_for(DType t) {
@@ -185,7 +185,8 @@ TEST_P(GemmTest, ExtremeInt8ValuesEqualTheSingleRowDot) {
   }
 }
 
-// Byte offsets of the f16 fields in a block of an unpacked type (the rest is integers).
+// Byte offsets of the f16 fields in a block of an unpacked type or iq4_nl (the rest is
+// integers).
 std::vector<size_t> f16_fields(DType t) {
   switch (t) {
     case DType::Q4_1:
@@ -204,6 +205,8 @@ std::vector<size_t> f16_fields(DType t) {
       return {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)};
     case DType::Q6_K:
       return {offsetof(BlockQ6_K, d)};
+    case DType::IQ4_NL:
+      return {offsetof(BlockIQ4_NL, d)};
     default:
       return {};
   }

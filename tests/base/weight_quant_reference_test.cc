@@ -1,4 +1,4 @@
-// Checks the GGML weight types q4_1, q5_0, q5_1 and q2_K..q6_K: sizes, GGML ids and names;
+// Checks the GGML weight types q4_1, q5_0, q5_1, q2_K..q6_K and iq4_nl: sizes, GGML ids and names;
 // dequantize_row against an independent element-at-a-time reading of the GGML block layouts
 // (ggml-common.h, ggml-quants.c), bit for bit; and quantize_row -> dequantize_row error bounds.
 #include "base/dtype.h"
@@ -37,6 +37,7 @@ const WeightType kTypes[] = {
     {DType::Q4_K, "q4_K", "q4_k", 12, 256, 144, {0, 2}, 2, 0.12},
     {DType::Q5_K, "q5_K", "q5_k", 13, 256, 176, {0, 2}, 2, 0.06},
     {DType::Q6_K, "q6_K", "q6_k", 14, 256, 210, {208, 0}, 1, 0.03},
+    {DType::IQ4_NL, "iq4_nl", "IQ4_NL", 20, 32, 18, {0, 0}, 1, 0.10},
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -51,6 +52,7 @@ const WeightType kTypes[] = {
 //   q4_K 144 B: d@0 dmin@2 scales[12]@4 qs[128]@16
 //   q5_K 176 B: d@0 dmin@2 scales[12]@4 qh[32]@16 qs[128]@48
 //   q6_K 210 B: ql[128]@0 qh[64]@128 scales[16] (int8)@192 d@208
+//   iq4_nl 18 B: d@0 qs[16]@2, each nibble an index into 16 fixed levels
 //
 // The float operations follow ggml's dequantize_row_* in order (the build uses
 // -ffp-contract=off, so nothing is fused), which makes the comparison exact.
@@ -167,6 +169,12 @@ float reference_value(DType t, const uint8_t* b, int e) {
       const int sc = static_cast<int8_t>(b[192 + e / 16]);
       const float ds = f16_at(b, 208) * static_cast<float>(sc);
       return ds * static_cast<float>(q);
+    }
+    case DType::IQ4_NL: {
+      // ggml-common.h's kvalues_iq4nl.
+      static constexpr int kLevels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                          1,    13,   25,  38,  53,  69,  89,  113};
+      return f16_at(b, 0) * static_cast<float>(kLevels[nibble32(b + 2, e)]);
     }
     default:
       return std::nanf("");
@@ -331,6 +339,14 @@ double error_bound(DType t, const float* row, int e) {
       const double sub_amax = range_of(x + i / 16 * 16, 16).amax;
       const double amax = range_of(x, block).amax;
       return sub_amax / (q3 ? 4 : 32) + 1.2 * amax / (q3 ? 32 : 128) + amax * kF16;
+    }
+    case DType::IQ4_NL: {
+      // The scale maps the extreme to a level at most 16 inside the table's end (|d| about
+      // amax / 111); the widest gap between levels is 24 steps and the far side ends at 113,
+      // 14 steps short of 127, so no element is off by more than 14 steps, with the
+      // least-squares refit of d taken with 25% to spare.
+      const double amax = range_of(x, 32).amax;
+      return 1.25 * 14 * amax / 111 + amax * kF16;
     }
     default:
       return 0;

@@ -471,7 +471,7 @@ TEST(GgufBadFile, BadTensorInfos) {
   EXPECT_THAT(one({uint64_t{1} << 40, uint64_t{1} << 40}, 0, 0),
               AllOf(HasSubstr("'w'"), HasSubstr("invalid dimension 1")));
   EXPECT_THAT(one({~uint64_t{0}}, 0, 0), AllOf(HasSubstr("'w'"), HasSubstr("invalid dimension 0")));
-  EXPECT_THAT(one({32}, 20, 0), AllOf(HasSubstr("'w'"), HasSubstr("IQ4_NL")));
+  EXPECT_THAT(one({256}, 23, 0), AllOf(HasSubstr("'w'"), HasSubstr("IQ4_XS")));
   EXPECT_THAT(one({128}, 12, 0), AllOf(HasSubstr("'w'"), HasSubstr("not a multiple of 256")));
   EXPECT_THAT(one({32}, 1000, 0), AllOf(HasSubstr("'w'"), HasSubstr("1000")));
   EXPECT_THAT(one({33}, 8, 0), AllOf(HasSubstr("'w'"), HasSubstr("not a multiple of 32")));

@@ -226,9 +226,9 @@ class EveryIsa : public ::testing::TestWithParam<kernels::Isa> {
 
 // Every weight type make-model writes; the K types on the "small" preset, whose rows hold whole
 // 256-element super-blocks (on "tiny" they would fall back to q8_0).
-constexpr DType kModelWeightTypes[] = {DType::F32,  DType::F16,  DType::Q8_0, DType::Q4_0,
-                                       DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K,
-                                       DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+constexpr DType kModelWeightTypes[] = {
+    DType::F32,  DType::F16,  DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,  DType::Q5_1,
+    DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL};
 
 std::string model_of_type(DType t) {
   return testing::synthetic_model_path(block_elements(t) == 256 ? "small" : "tiny", t);
