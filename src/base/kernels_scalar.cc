@@ -57,30 +57,26 @@ float dot_w_q8_0(const void* w, const void* x, size_t n) {
   return sum;
 }
 
-float dot_w_q4_0(const void* w, const void* x, size_t n) {
-  const auto* a = static_cast<const BlockQ4_0*>(w);
-  const auto* b = static_cast<const BlockQ8_0*>(x);
-  float sum = 0.0f;
-  for (size_t i = 0; i < n / 32; ++i) {
-    int isum = 0;
-    for (int j = 0; j < 16; ++j) {
-      isum += ((a[i].qs[j] & 0x0f) - 8) * b[i].qs[j];
-      isum += ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + 16];
-    }
-    sum += static_cast<float>(isum) * (f16_to_f32(a[i].d) * f16_to_f32(b[i].d));
-  }
-  return sum;
+int q4_0_level(int code) {
+  return code - 8;
 }
 
-float dot_w_iq4_nl(const void* w, const void* x, size_t n) {
-  const auto* a = static_cast<const BlockIQ4_NL*>(w);
+int iq4_nl_level(int code) {
+  return kIq4NlValues[code];
+}
+
+// Blocks of 32 4-bit codes in q4_0's packing (q4_0, iq4_nl) against q8_0 activations; level
+// gives a code's integer value.
+template <class Block, int (*level)(int)>
+float dot_w_nibbles(const void* w, const void* x, size_t n) {
+  const auto* a = static_cast<const Block*>(w);
   const auto* b = static_cast<const BlockQ8_0*>(x);
   float sum = 0.0f;
   for (size_t i = 0; i < n / 32; ++i) {
     int isum = 0;
     for (int j = 0; j < 16; ++j) {
-      isum += kIq4NlValues[a[i].qs[j] & 0x0f] * b[i].qs[j];
-      isum += kIq4NlValues[a[i].qs[j] >> 4] * b[i].qs[j + 16];
+      isum += level(a[i].qs[j] & 0x0f) * b[i].qs[j];
+      isum += level(a[i].qs[j] >> 4) * b[i].qs[j + 16];
     }
     sum += static_cast<float>(isum) * (f16_to_f32(a[i].d) * f16_to_f32(b[i].d));
   }
@@ -152,10 +148,11 @@ void to_f16_scalar(const float* x, uint16_t* out, size_t n) {
 
 const KernelTable& scalar_kernels() {
   static const KernelTable table = {
-      {dot_w_f32, dot_w_f16, dot_w_bf16, dot_w_q8_0, dot_w_q4_0, dot_w_unpacked<UnpackQ4_1>,
-       dot_w_unpacked<UnpackQ5_0>, dot_w_unpacked<UnpackQ5_1>, dot_w_unpacked<UnpackQ2_K>,
-       dot_w_unpacked<UnpackQ3_K>, dot_w_unpacked<UnpackQ4_K>, dot_w_unpacked<UnpackQ5_K>,
-       dot_w_unpacked<UnpackQ6_K>, dot_w_iq4_nl},
+      {dot_w_f32, dot_w_f16, dot_w_bf16, dot_w_q8_0, dot_w_nibbles<BlockQ4_0, q4_0_level>,
+       dot_w_unpacked<UnpackQ4_1>, dot_w_unpacked<UnpackQ5_0>, dot_w_unpacked<UnpackQ5_1>,
+       dot_w_unpacked<UnpackQ2_K>, dot_w_unpacked<UnpackQ3_K>, dot_w_unpacked<UnpackQ4_K>,
+       dot_w_unpacked<UnpackQ5_K>, dot_w_unpacked<UnpackQ6_K>,
+       dot_w_nibbles<BlockIQ4_NL, iq4_nl_level>},
       dot_f32_scalar,
       dot_f16_f32_scalar,
       axpy_f32_scalar,
