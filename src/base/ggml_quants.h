@@ -1,5 +1,6 @@
 // Conversion of GGML's weight block types beyond q8_0/q4_0 (q4_1, q5_0, q5_1, q2_K..q6_K) to and
-// from f32; dequantize_row and quantize_row in base/dtype.h call these for those types.
+// from f32, and iq4_nl's quantizer; dequantize_row and quantize_row in base/dtype.h call these
+// for those types.
 #pragma once
 
 #include <cstddef>
