@@ -181,17 +181,21 @@ void run_workload(uint64_t seed, TierPolicy policy, const kvc::testing::RedisSer
   const auto at = [&](TierDecision x) { return d[static_cast<size_t>(x)]; };
   // (Redis round trips cost about what stories260K's shallow blocks take to recompute, so
   // the cost model, which decides from measured times, may keep none of them there on a
-  // loaded machine: stores and loads are checked where a disk tier is there or every block is
-  // kept, and otherwise that every sealed block was decided.)
+  // loaded machine: stores are checked where a disk tier is there or every block is kept, and
+  // otherwise that every sealed block was decided. Which blocks the cost model keeps depends
+  // on the times it measures, so whether a later request wants one of them is up to the
+  // machine's load: loads are required where every block is kept, and the cost model's loads
+  // are checked by EngineTiers' tests that make a reused block leave the pool.)
   if (disk || policy == TierPolicy::kKeepAll) {
     EXPECT_GT(at(TierDecision::kStored) + at(TierDecision::kStoredWhenEvicted), 0u);
-    EXPECT_GT(disk ? t.disk_loaded_blocks : t.redis_loaded_blocks, 0u);
   } else {
     EXPECT_GT(at(TierDecision::kStored) + at(TierDecision::kStoredWhenEvicted) +
                   at(TierDecision::kDroppedSeldomReused) + at(TierDecision::kDroppedCheap),
               0u);
   }
-  if (policy == TierPolicy::kCostModel) {
+  if (policy == TierPolicy::kKeepAll) {
+    EXPECT_GT(disk ? t.disk_loaded_blocks : t.redis_loaded_blocks, 0u);
+  } else {
     EXPECT_GT(at(TierDecision::kDroppedSeldomReused), 0u);
   }
   std::printf(
