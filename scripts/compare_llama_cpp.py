@@ -9,6 +9,16 @@ engines' log-probabilities at 64 teacher-forced positions of FILE (one chunk of 
 the second half scored, f32 KV on both sides), compared per position: the top-1 token
 wherever llama.cpp's top-1/top-2 margin exceeds 1e-3, and the largest |difference| of the
 log-probabilities of llama.cpp's top 10 (its file stores them to about 1.2e-4).
+
+Compute targets (--targets): the compute issue's table for each model, in one run: pp512 and
+tg128 against the faster of `llama-bench -fa 0` and `-fa 1`; prefill of 512 tokens and decode
+of 128 at depth 4096 (llama-bench -d where this llama.cpp has it, else from
+`llama-batched-bench`: prefill at depth as 512 tokens over the difference of the times of
+4608- and 4096-token prompts, decode at depth as its decode after a 4096-token prompt); and 16
+sequences decoding 128 tokens each after one shared 1,000-token prompt against
+`llama-batched-bench -pps`. Each llama-batched-bench figure is the median of -r runs. Each row
+says the target it is held to and whether it is met; KVCACHE_ISA in the environment picks
+kvcache's instruction set as usual (the row says which ran).
 """
 
 import argparse
@@ -35,6 +45,83 @@ def bench_rows(rows):
         name = f"pp{row['n_prompt']}" if row["n_gen"] == 0 else f"tg{row['n_gen']}"
         out[name] = row["avg_ts"]
     return out
+
+
+def kvcache_bench(args, model, *flags):
+    """kvcache bench --json rows for one set of flags."""
+    return json.loads(run([args.kvcache, "bench", "-m", model, "-t", args.t, "-r", args.r,
+                           "--kv-dtype", args.kv_dtype, *flags, "--json"]).stdout)
+
+
+def llama_bench_best(args, model, *flags):
+    """avg_ts of llama-bench's one test, the faster of flash attention off and on."""
+    rows = json.loads(run([os.path.join(args.llama_cpp, "llama-bench"), "-m", model, "-t", args.t,
+                           "-r", args.r, "-ctk", args.kv_dtype, "-ctv", args.kv_dtype,
+                           "-fa", "0,1", *flags, "-o", "json"]).stdout)
+    return max(row["avg_ts"] for row in rows)
+
+
+def batched_bench_median(args, model, fa, *flags):
+    """Per (pp, tg, pl): the median over -r runs of llama-batched-bench's jsonl rows."""
+    runs = {}
+    for _ in range(int(args.r)):
+        out = run([os.path.join(args.llama_cpp, "llama-batched-bench"), "-m", model, "-t", args.t,
+                   "-ctk", args.kv_dtype, "-ctv", args.kv_dtype, *(["-fa"] if fa else []),
+                   *flags, "--output-format", "jsonl"])
+        for line in (out.stdout + out.stderr).splitlines():
+            if line.startswith("{") and '"speed_tg"' in line:
+                row = json.loads(line)
+                runs.setdefault((row["pp"], row["tg"], row["pl"]), []).append(row)
+    median = {}
+    for key, rows in runs.items():
+        median[key] = {field: sorted(r[field] for r in rows)[len(rows) // 2]
+                       for field in ("t_pp", "speed_tg")}
+    return median
+
+
+def llama_bench_has_depth(args):
+    help_text = subprocess.run([os.path.join(args.llama_cpp, "llama-bench"), "--help"],
+                               capture_output=True, text=True)
+    return "--n-depth" in help_text.stdout + help_text.stderr
+
+
+def compute_targets(args, model):
+    """Rows (test, kvcache t/s, llama.cpp t/s, how llama.cpp was measured, target) of one model."""
+    small = os.path.getsize(model) < 600 * 1024 * 1024  # the 110M shape, not TinyLlama
+    rows = []
+    ours = kvcache_bench(args, model, "-p", "512", "-n", "128")
+    isa = ours[0].get("isa", "?")
+    by_test = {("pp" if r["n_gen"] == 0 else "tg"): r["avg_ts"] for r in ours}
+    rows.append(("pp512", by_test["pp"], llama_bench_best(args, model, "-p", "512", "-n", "0"),
+                 "llama-bench", 1.5))
+    rows.append(("tg128", by_test["tg"], llama_bench_best(args, model, "-p", "0", "-n", "128"),
+                 "llama-bench", 0.97))
+    deep = kvcache_bench(args, model, "-p", "512", "-n", "128", "-d", "4096")
+    deep_by_test = {("pp" if r["n_gen"] == 0 else "tg"): r["avg_ts"] for r in deep}
+    if llama_bench_has_depth(args):
+        pp_deep = llama_bench_best(args, model, "-p", "512", "-n", "0", "-d", "4096")
+        tg_deep = llama_bench_best(args, model, "-p", "0", "-n", "128", "-d", "4096")
+        how = "llama-bench -d"
+    else:
+        pp_deep = tg_deep = 0.0
+        for fa in (False, True):
+            m = batched_bench_median(args, model, fa, "-c", "4736", "-npp", "4096,4608", "-ntg",
+                                     "128", "-npl", "1")
+            pp_deep = max(pp_deep, 512 / (m[(4608, 128, 1)]["t_pp"] - m[(4096, 128, 1)]["t_pp"]))
+            tg_deep = max(tg_deep, m[(4096, 128, 1)]["speed_tg"])
+        how = "llama-batched-bench"
+    if small:
+        rows.append(("pp512 @ d4096", deep_by_test["pp"], pp_deep, how, 2.0))
+    rows.append(("tg128 @ d4096", deep_by_test["tg"], tg_deep, how, 1.2 if small else 1.0))
+    together = kvcache_bench(args, model, "-p", "1000", "-n", "128", "-npl", "16")
+    ours_16 = next(r["avg_ts"] for r in together if r["n_gen"] > 0)
+    theirs_16 = max(
+        batched_bench_median(args, model, fa, "-c", "4096", "-npp", "1000", "-ntg", "128", "-npl",
+                             "16", "-pps")[(1000, 128, 16)]["speed_tg"]
+        for fa in (False, True))
+    rows.append(("16 sequences after a shared 1,000-token prompt", ours_16, theirs_16,
+                 "llama-batched-bench -pps", 2.0))
+    return isa, rows
 
 
 def perplexity(output):
@@ -119,7 +206,21 @@ def main():
     parser.add_argument("--chunks", default="8")
     parser.add_argument("--logits", help="also compare log-probabilities on this text file")
     parser.add_argument("--no-speed", action="store_true", help="skip the speed comparison")
+    parser.add_argument("--targets", action="store_true",
+                        help="the compute issue's target table (depth, 16 sequences) instead")
     args = parser.parse_args()
+
+    if args.targets:
+        print("| model | ISA | test | kvcache t/s | llama.cpp t/s | measured by | ratio | target |")
+        print("|---|---|---|---|---|---|---|---|")
+        for model in args.models:
+            isa, rows = compute_targets(args, model)
+            for test, ours, theirs, how, target in rows:
+                ratio = ours / theirs
+                verdict = "met" if ratio >= target else "not met"
+                print(f"| {os.path.basename(model)} | {isa} | {test} | {ours:.1f} | {theirs:.1f} | "
+                      f"{how} | {ratio:.2f}x | >= {target}x: {verdict} |", flush=True)
+        return
 
     llama_bench = os.path.join(args.llama_cpp, "llama-bench")
     llama_ppl = os.path.join(args.llama_cpp, "llama-perplexity")
