@@ -226,11 +226,22 @@ std::string render_table(const Plan& plan) {
     out += fmt::format("pool     {} blocks = {}, holds {} tokens\n", *f.pool_blocks,
                        with_bytes(*f.pool_bytes), *f.pool_tokens);
   }
-  if (plan.model.attention.has_window()) {
+  if (plan.model.attention.has_window() && f.pool_layout) {
+    const auto& layers = plan.model.attention.layers;
+    const uint64_t window = layers.front().window;
+    const bool one_window = std::all_of(layers.begin(), layers.end(),
+                                        [&](const auto& l) { return l.window == window; });
+    out += one_window
+               ? fmt::format(
+                     "note     every layer slides over {} tokens: a request holds the blocks its "
+                     "window touches and frees those behind it\n",
+                     window)
+               : "note     kvcache's block pool keeps the windowed layers' K/V for every token, "
+                 "as it keeps the full layers'; these figures are what it allocates\n";
+  } else if (plan.model.attention.has_window()) {
     out +=
-        "note     kvcache's block pool keeps every layer's K/V for every token; these figures "
-        "are for a paged cache that frees a windowed layer's blocks once they leave its "
-        "window\n";
+        "note     these figures are for a paged cache that frees a windowed layer's blocks once "
+        "they leave its window\n";
   } else if (!f.pool_layout && (f.k_dtype == DType::BF16 || f.v_dtype == DType::BF16)) {
     out +=
         "note     kvcache's block pool stores f32, f16, q8_0 or q4_0, not bf16; these figures "

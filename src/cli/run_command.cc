@@ -1,6 +1,8 @@
 // `kvcache run`: generate text from a prompt, streaming it to stdout.
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -125,12 +127,14 @@ void run(const RunArgs& a) {
   }
 
   const KvDtypes kv_dtypes = resolve_kv_dtypes(a.kv_dtypes, DType::F16, true);
-  const kv::KvGeometry geometry = config.kv_geometry(kv_dtypes.k, kv_dtypes.v, a.block_tokens);
-  // By default the pool holds one full context, which is all a single sequence can use.
-  const uint64_t kv_bytes =
-      a.kv_memory.empty()
-          ? geometry.blocks_for_sequence(config.context_length) * geometry.bytes_per_block()
-          : parse_byte_size(a.kv_memory);
+  kv::KvGeometry geometry = config.kv_geometry(kv_dtypes.k, kv_dtypes.v, a.block_tokens);
+  geometry.window_tokens = config.kv_window();
+  // By default the pool holds one full context (or window), all a single sequence can use.
+  const uint64_t kv_bytes = a.kv_memory.empty()
+                                ? geometry.blocks_for_sequence(
+                                      config.context_length, static_cast<size_t>(a.prefill_chunk)) *
+                                      geometry.bytes_per_block()
+                                : parse_byte_size(a.kv_memory);
   const int threads = thread_count(a.threads);
   // One sequence at a time, through the same engine `serve` uses.
   engine::EngineOptions eo;
@@ -153,7 +157,7 @@ void run(const RunArgs& a) {
       format_bytes(model->weight_bytes()));
   // The same figures `kvcache plan` prints, from the same code.
   std::istringstream summary(
-      kv::startup_summary(geometry, engine.arena_bytes(), config.context_length));
+      kv::startup_summary(engine.geometry(), engine.arena_bytes(), config.context_length));
   for (std::string line; std::getline(summary, line);) spdlog::info("{}", line);
   spdlog::info("{} threads, {} kernels", threads, kernels::isa_name(kernels::active_isa()));
 
@@ -197,11 +201,18 @@ void run(const RunArgs& a) {
                  s.generated_tokens, decode_steps, s.decode_ms, rate(decode_steps, s.decode_ms),
                  engine::finish_reason_name(s.finish_reason));
     const size_t used_tokens = s.prompt_tokens + decode_steps;
+    // Under a sliding window only the last window's tokens are kept.
+    const auto window = static_cast<size_t>(engine.geometry().window_tokens);
+    const size_t held_tokens = window > 0 ? std::min(used_tokens, window) : used_tokens;
+    const std::string held =
+        held_tokens == used_tokens
+            ? fmt::format("{} tokens", used_tokens)
+            : fmt::format("{} tokens, the window's last {}", used_tokens, held_tokens);
     std::fprintf(stderr,
-                 "KV used: %zu blocks = %zu bytes (%zu tokens x %zu bytes/token = %zu bytes "
-                 "of keys and values)\n",
-                 s.kv_blocks, s.kv_blocks * geometry.bytes_per_block(), used_tokens,
-                 geometry.bytes_per_token(), used_tokens * geometry.bytes_per_token());
+                 "KV used: %zu blocks = %zu bytes (%s x %zu bytes/token = %zu bytes of keys "
+                 "and values)\n",
+                 s.kv_blocks, s.kv_blocks * geometry.bytes_per_block(), held.c_str(),
+                 geometry.bytes_per_token(), held_tokens * geometry.bytes_per_token());
   }
 }
 

@@ -34,12 +34,14 @@ Engine::Engine(const model::LlamaModel& model, const model::Tokenizer& tokenizer
       queue_(Histogram::latency_ms_bounds()) {
   const auto& c = model_.config();
   geometry_ = c.kv_geometry(options_.kv_k_dtype, options_.kv_v_dtype, options_.block_tokens);
+  geometry_.window_tokens = c.kv_window();
   options_.block_tokens = geometry_.block_tokens;
+  const auto chunk = static_cast<size_t>(std::max(options_.max_batch_tokens, 1));
   uint64_t bytes = options_.kv_memory_bytes;
   if (bytes == 0) {
     // Room for every running sequence at full context, within 2 GiB but never below one.
     const uint64_t context =
-        geometry_.blocks_for_sequence(c.context_length) * geometry_.bytes_per_block();
+        geometry_.blocks_for_sequence(c.context_length, chunk) * geometry_.bytes_per_block();
     bytes = std::max(context, std::min<uint64_t>(context * options_.max_running, 2ull << 30));
   }
   KvCacheOptions ko;
@@ -178,6 +180,7 @@ std::unique_ptr<Sequence> Engine::make_sequence(Request request) {
   }
   // Accepting means it will run: alone in the pool, its whole prompt and output must fit.
   const size_t longest = std::min(context, request.prompt.size() + request.max_tokens);
+  // Under a window the scheduler shortens chunks to fit, so the decode figure is the floor.
   const size_t need = geometry_.blocks_for_sequence(longest);
   if (need > num_blocks_) {
     MutexLock lock(stats_mu_);
@@ -304,7 +307,7 @@ void Engine::finish(Sequence& s, FinishReason reason, const std::string& error) 
     if (!tail.empty()) s.handle->push(TokenEvent{-1, std::move(tail), {}});
   }
   if (s.table) {
-    s.stats.kv_blocks = s.table->blocks().size() + s.table->open_key_blocks().size();
+    s.stats.kv_blocks = s.table->held_blocks() + s.table->open_key_blocks().size();
     kv_->seal(s, true);
     kv_->keep_session(s.req.session_id, s);
     kv_->detach(s);

@@ -20,6 +20,13 @@ KvCacheManager::KvCacheManager(const kv::KvGeometry& geometry, uint64_t memory_b
   pool_ = std::make_unique<kv::BlockPool>(geometry, memory_bytes);
   const TierOptions& t = options_.tiers;
   const bool tiered = options_.prefix_cache && (!t.disk_dir.empty() || !t.redis_url.empty());
+  if (tiered && geometry.window_tokens > 0) {
+    fail(
+        "the disk and Redis tiers do not store the blocks of a sliding-window model (a window of "
+        "{} tokens): a stored prefix would need its window's blocks back as well; run without "
+        "--kv-disk and --kv-redis",
+        geometry.window_tokens);
+  }
   kv::PrefixIndexOptions io;
   io.enabled = options_.prefix_cache;
   io.partial_reuse = options_.partial_reuse;
@@ -122,8 +129,8 @@ const kv::PrefixMatch& KvCacheManager::computed(Sequence& s) {
   return s.lookup;
 }
 
-size_t KvCacheManager::blocks_to_admit(Sequence& s, size_t tokens) {
-  const size_t need = pool_->geometry().blocks_for_sequence(tokens);
+size_t KvCacheManager::blocks_to_admit(Sequence& s, size_t tokens, size_t chunk) {
+  const size_t need = pool_->geometry().blocks_for_sequence(tokens, chunk);
   return need - std::min(need, computed(s).shared_blocks);
 }
 
@@ -142,6 +149,9 @@ kv::PrefixMatch KvCacheManager::attach(Sequence& s) {
 }
 
 bool KvCacheManager::grow(Sequence& s, size_t tokens) {
+  // Under a sliding window the blocks behind the next token's window go first (sealed ones stay
+  // cached for other requests), so that a sequence holds no more than its window.
+  s.table->release_before(pool_->geometry().first_needed(s.written));
   return s.table->reserve(tokens) && s.table->ensure_writable(s.written);
 }
 

@@ -99,15 +99,17 @@ class KvCacheManager : public kv::BlockSource {
   // The cached prefix of s (all but its last token): one tree walk, remembered until the
   // index changes.
   const kv::PrefixMatch& computed(Sequence& s);
-  // Blocks s must take from the pool to hold `tokens` tokens, given its cached prefix.
-  size_t blocks_to_admit(Sequence& s, size_t tokens);
+  // Blocks s must take from the pool to hold `tokens` tokens, computed at most chunk tokens a
+  // step (it matters under a sliding window), given its cached prefix.
+  size_t blocks_to_admit(Sequence& s, size_t tokens, size_t chunk);
   // Blocks that could be freed for s: free, plus every unreferenced cached or pinned block,
   // minus those s would itself share (they stop being evictable once it shares them).
   size_t room_for(Sequence& s);
   // Gives s a block table holding its cached prefix; sets s.written.
   kv::PrefixMatch attach(Sequence& s);
-  // Makes s's table hold `tokens` tokens and the block at s.written private, evicting inline;
-  // false (nothing allocated) when even pinned blocks cannot make room.
+  // Makes s's table hold `tokens` tokens and the block at s.written private, evicting inline,
+  // after releasing the blocks behind the window of s.written (a sliding-window model); false
+  // (nothing allocated) when even pinned blocks cannot make room.
   bool grow(Sequence& s, size_t tokens);
   // Indexes s's filled blocks; with final, its last partial block too (s is done writing).
   void seal(Sequence& s, bool final);

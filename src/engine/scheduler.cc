@@ -44,7 +44,11 @@ bool Scheduler::fits(KvCacheManager& kv, Sequence& s) {
   const size_t headroom =
       others == 0 ? 0 : static_cast<size_t>(options_.reserve_blocks) * (others + 1);
   const size_t tokens = s.reserve_all ? s.longest(options_.context_length) : s.tokens.size() + 1;
-  return kv.blocks_to_admit(s, tokens) + headroom <= kv.room_for(s);
+  auto chunk = static_cast<size_t>(options_.max_batch_tokens);
+  // Under a window, a pool too small for a whole chunk's reach still runs the sequence: alone,
+  // in shorter chunks (see plan()).
+  if (kv.pool().geometry().blocks_for_sequence(tokens, chunk) > kv.pool().num_blocks()) chunk = 1;
+  return kv.blocks_to_admit(s, tokens, chunk) + headroom <= kv.room_for(s);
 }
 
 bool Scheduler::shares_pending_prefill(KvCacheManager& kv, Sequence& s) {
@@ -90,7 +94,10 @@ void Scheduler::admit(KvCacheManager& kv, StepPlan& plan) {
     }
     if (!fits(kv, s)) break;
     const kv::PrefixMatch m = kv.attach(s);
-    if (s.reserve_all && !kv.grow(s, s.longest(options_.context_length))) {
+    // Under a sliding window a sequence's blocks are bounded by its window, and blocks for
+    // its whole output cannot be taken ahead of it.
+    const bool windowed = kv.pool().geometry().window_tokens > 0;
+    if (s.reserve_all && !windowed && !kv.grow(s, s.longest(options_.context_length))) {
       kv.detach(s);  // the room was counted but could not be taken: try again next step
       break;
     }
@@ -150,12 +157,18 @@ StepPlan Scheduler::plan(KvCacheManager& kv) {
   for (Sequence* s : order) {
     if (budget == 0) break;
     if (s->done || s->preempted) continue;
-    const size_t n = std::min(s->pending(), budget);
+    size_t n = std::min(s->pending(), budget);
+    const bool windowed = kv.pool().geometry().window_tokens > 0;
     for (;;) {
       if (kv.grow(*s, s->written + n)) {
         budget -= n;
         plan.rows.emplace_back(s, n);
         break;
+      }
+      // Under a window a shorter chunk reaches over fewer blocks: halve it before preempting.
+      if (windowed && n > 1) {
+        n = std::max<size_t>(1, n / 2);
+        continue;
       }
       if (Sequence* victim = pick_victim(*s)) {
         preempt(kv, *victim, plan);
@@ -169,7 +182,7 @@ StepPlan Scheduler::plan(KvCacheManager& kv) {
         plan.failed.emplace_back(
             s, fmt::format("the KV pool cannot hold this sequence: {} tokens need {} blocks, "
                            "the pool has {}",
-                           s->written + n, g.blocks_for_sequence(s->written + n),
+                           s->written + n, g.blocks_for_sequence(s->written + n, n),
                            kv.pool().num_blocks()));
       } else {
         preempt(kv, *s, plan);  // the newest, lowest-priority sequence yields to the others

@@ -1,5 +1,6 @@
 #include "kv/block_table.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -11,8 +12,10 @@ BlockTable::BlockTable(BlockTable&& other) noexcept
     : pool_(other.pool_),
       source_(other.source_),
       blocks_(std::move(other.blocks_)),
+      first_held_(other.first_held_),
       open_keys_(std::move(other.open_keys_)) {
   other.blocks_.clear();
+  other.first_held_ = 0;
   other.open_keys_.clear();
 }
 
@@ -22,8 +25,10 @@ BlockTable& BlockTable::operator=(BlockTable&& other) noexcept {
     pool_ = other.pool_;
     source_ = other.source_;
     blocks_ = std::move(other.blocks_);
+    first_held_ = other.first_held_;
     open_keys_ = std::move(other.open_keys_);
     other.blocks_.clear();
+    other.first_held_ = 0;
     other.open_keys_.clear();
   }
   return *this;
@@ -70,6 +75,22 @@ uint16_t* BlockTable::open_keys(int layer) const {
   return reinterpret_cast<uint16_t*>(block + g.open_key_offset(layer));
 }
 
+void BlockTable::append_hole() {
+  if (first_held_ != blocks_.size()) fail("a block table's holes come before its blocks");
+  blocks_.push_back(kNoBlock);
+  ++first_held_;
+}
+
+size_t BlockTable::release_before(size_t pos) {
+  const size_t end = std::min(blocks_.size(), pos / block_tokens());
+  const size_t released = end > first_held_ ? end - first_held_ : 0;
+  for (; first_held_ < end; ++first_held_) {
+    pool_->release(blocks_[first_held_]);
+    blocks_[first_held_] = kNoBlock;
+  }
+  return released;
+}
+
 void BlockTable::append_shared(BlockId id) {
   pool_->retain(id);
   blocks_.push_back(id);
@@ -77,7 +98,13 @@ void BlockTable::append_shared(BlockId id) {
 
 BlockTable BlockTable::fork() const {
   BlockTable copy(*pool_, source_);
-  for (BlockId id : blocks_) copy.append_shared(id);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    if (i < first_held_) {
+      copy.append_hole();
+    } else {
+      copy.append_shared(blocks_[i]);
+    }
+  }
   if (!take_blocks(*pool_, *source_, copy.open_keys_, open_keys_.size())) {
     fail("fork: no KV block is free for the open keys of the copy");
   }
@@ -91,6 +118,7 @@ BlockTable BlockTable::fork() const {
 bool BlockTable::ensure_writable(size_t pos) {
   const size_t index = pos / block_tokens();
   if (index >= blocks_.size()) return true;
+  if (index < first_held_) fail("position {} lies in a block released behind the window", pos);
   const BlockId old = blocks_[index];
   if (pool_->ref_count(old) == 1 && !pool_->cacheable(old)) return true;
   const auto fresh = source_->take_block();
@@ -102,9 +130,10 @@ bool BlockTable::ensure_writable(size_t pos) {
 }
 
 void BlockTable::clear() {
-  for (BlockId id : blocks_) pool_->release(id);
+  for (size_t i = first_held_; i < blocks_.size(); ++i) pool_->release(blocks_[i]);
   for (BlockId id : open_keys_) pool_->release(id);
   blocks_.clear();
+  first_held_ = 0;
   open_keys_.clear();
 }
 

@@ -2,6 +2,9 @@
 // Where keys are grouped per channel (KvGeometry::keys_by_channel), the table also holds
 // open-key blocks: the f16 keys of its last, partly filled block, every layer, until that block
 // is full and its keys are quantised into it.
+// Under a sliding window (KvGeometry::window_tokens) the table releases the blocks wholly behind
+// the window as it moves: its first first_held() entries are then holes (kNoBlock) that keep the
+// positions of the blocks after them.
 //
 // Thread-safety: none; a table belongs to one sequence, used under its owner's lock.
 #pragma once
@@ -16,6 +19,9 @@ namespace kvc::kv {
 
 class BlockTable {
  public:
+  // The entry of a released block (a hole before the window).
+  static constexpr BlockId kNoBlock = -1;
+
   // A table of pool's blocks taking fresh ones from source (default: the pool's free list);
   // both must outlive it.
   explicit BlockTable(BlockPool& pool, BlockSource* source = nullptr)
@@ -35,6 +41,10 @@ class BlockTable {
   void append_shared(BlockId id);
   // Appends a block this table already holds the one reference to (fresh from allocate()).
   void append_owned(BlockId id) { blocks_.push_back(id); }
+  // Appends a hole (a block the window no longer needs); only before any block is held.
+  void append_hole();
+  // Releases the blocks wholly before token position pos; returns how many it released.
+  size_t release_before(size_t pos);
   // A second table sharing every block of this one (n > 1 samples from one prompt), with a
   // copy of its open keys; throws Error when no block is left for that copy.
   BlockTable fork() const;
@@ -45,7 +55,12 @@ class BlockTable {
 
   size_t capacity_tokens() const { return blocks_.size() * block_tokens(); }
   int block_tokens() const { return pool_->geometry().block_tokens; }
+  // Every entry, holes (kNoBlock) first.
   const std::vector<BlockId>& blocks() const { return blocks_; }
+  // Entries before this one are holes.
+  size_t first_held() const { return first_held_; }
+  // Blocks the table holds a reference to (its holes and open-key blocks not counted).
+  size_t held_blocks() const { return blocks_.size() - first_held_; }
   // The open-key blocks (empty unless keys are grouped per channel and capacity is reserved).
   const std::vector<BlockId>& open_key_blocks() const { return open_keys_; }
   // Layer's f16 keys of the last block, [kv_head][slot][head_dim]; reserve() first.
@@ -53,7 +68,7 @@ class BlockTable {
   BlockPool& pool() const { return *pool_; }
   BlockSource& source() const { return *source_; }
 
-  // The block holding token position pos and the token's slot inside it.
+  // The block holding token position pos (kNoBlock for a hole) and the token's slot inside it.
   BlockId block_of(size_t pos) const { return blocks_[pos / block_tokens()]; }
   int slot_of(size_t pos) const { return static_cast<int>(pos % block_tokens()); }
 
@@ -61,6 +76,7 @@ class BlockTable {
   BlockPool* pool_;
   BlockSource* source_;
   std::vector<BlockId> blocks_;
+  size_t first_held_ = 0;
   std::vector<BlockId> open_keys_;
 };
 

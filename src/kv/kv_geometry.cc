@@ -1,5 +1,7 @@
 #include "kv/kv_geometry.h"
 
+#include <algorithm>
+
 #include "base/channel_keys.h"
 #include "base/error.h"
 #include "base/kernels.h"
@@ -50,6 +52,22 @@ size_t KvGeometry::bytes_per_block() const {
 
 size_t KvGeometry::blocks_for_tokens(size_t n) const {
   return (n + block_tokens - 1) / block_tokens;
+}
+
+size_t KvGeometry::first_needed(size_t pos) const {
+  const auto window = static_cast<size_t>(window_tokens);
+  return window > 0 && pos + 1 > window ? pos + 1 - window : 0;
+}
+
+size_t KvGeometry::blocks_for_sequence(size_t n, size_t chunk) const {
+  size_t blocks = blocks_for_tokens(n);
+  if (window_tokens > 0) {
+    // A step's queries read the window before its first token through its last: a run of
+    // window - 1 + chunk positions, which straddles at most ceil((run - 1) / B) + 1 blocks.
+    const size_t run = static_cast<size_t>(window_tokens) - 1 + std::max<size_t>(chunk, 1);
+    blocks = std::min(blocks, (run - 1 + block_tokens - 1) / block_tokens + 1);
+  }
+  return blocks + open_key_blocks();
 }
 
 size_t KvGeometry::slab_offset(int layer, int kind) const {
@@ -128,6 +146,7 @@ void KvGeometry::validate() const {
   if (block_tokens <= 0 || block_tokens > 4096) {
     fail("KV geometry: block size must be 1..4096 tokens, got {}", block_tokens);
   }
+  if (window_tokens < 0) fail("KV geometry: sliding window must be >= 0, got {}", window_tokens);
   for (int kind = 0; kind < 2; ++kind) {
     const DType t = dtype(kind);
     const char* what = kind == 0 ? "keys" : "values";

@@ -60,6 +60,10 @@ struct KvGeometry {
   int block_tokens = kDefaultBlockTokens;
   DType k_dtype = DType::F16;
   DType v_dtype = DType::F16;
+  // Sliding window of every layer, in tokens (0: full attention): the query at position p sees
+  // the keys at p - window_tokens + 1 .. p, so a sequence holds only the blocks that window
+  // touches and releases those wholly behind it (kv/block_table.h).
+  int window_tokens = 0;
 
   // The dtype of kind 0 (K) or 1 (V).
   DType dtype(int kind) const { return kind == 0 ? k_dtype : v_dtype; }
@@ -79,8 +83,12 @@ struct KvGeometry {
   size_t bytes_per_block() const;
   // Blocks needed to hold n tokens (rounded up).
   size_t blocks_for_tokens(size_t n) const;
-  // Blocks one sequence of n tokens (n > 0) holds while it runs: its tokens' and its open keys'.
-  size_t blocks_for_sequence(size_t n) const { return blocks_for_tokens(n) + open_key_blocks(); }
+  // The first position whose keys the query at position pos reads (0 without a window).
+  size_t first_needed(size_t pos) const;
+  // Blocks one sequence of n tokens (n > 0) holds while it runs, computing at most chunk tokens
+  // per step: its tokens' (with a window, those the window of a step's first query to its last
+  // token touches) and its open keys'. With chunk 1 (decoding) it is what `kvcache plan` costs.
+  size_t blocks_for_sequence(size_t n, size_t chunk = 1) const;
   // Byte offset inside a block of the slab of (layer, kind).
   size_t slab_offset(int layer, int kind) const;
   // Where the rows of (layer, kind, kv_head) sit inside a block.
@@ -104,7 +112,8 @@ struct KvGeometry {
   size_t open_key_offset(int layer) const;
   // Throws Error naming the field when a dimension is not positive, a dtype is not one the
   // pool stores (f32, f16, q8_0, q4_0), no grouping of 32 values fits quantised values, or
-  // quantised keys meet a block size other than 32 or a head size not a multiple of 8.
+  // quantised keys meet a block size other than 32 or a head size not a multiple of 8, or the
+  // window is negative.
   void validate() const;
 };
 

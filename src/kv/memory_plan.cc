@@ -48,7 +48,12 @@ class Costing {
       }
       if (layer.window > 0) max_window_ = std::max(max_window_, layer.window);
     }
-    blocked_ = max_window_ == 0;
+    if (pool_) {
+      // The pool slides every layer by its one window, or keeps every layer in full.
+      max_window_ = static_cast<uint64_t>(pool_->window_tokens);
+      if (max_window_ > 0) min_full_token_bytes_ = std::numeric_limits<uint64_t>::max();
+    }
+    blocked_ = max_window_ == 0 || pool_.has_value();
     if (pool_) {
       // The pool's own formula is the one that counts (the per-layer sum equals it here).
       bytes_per_token_ = pool_->bytes_per_token();
@@ -79,7 +84,10 @@ class Costing {
 
   Wide exact(uint64_t context) const {
     if (pool_) {
-      const Wide bytes = Wide{context} * pool_->bytes_per_block();
+      // The tokens the pool keeps: every one, or the last window's.
+      const auto window = static_cast<uint64_t>(pool_->window_tokens);
+      const Wide bytes =
+          Wide{window > 0 ? std::min(context, window) : context} * pool_->bytes_per_block();
       return bytes / block_tokens_ + (bytes % block_tokens_ != 0);
     }
     Wide sum = 0;
@@ -109,7 +117,7 @@ class Costing {
   // Largest context that n requests can each reach within kv_budget bytes; nullopt when every
   // layer is windowed and n requests fit even at unbounded length.
   std::optional<uint64_t> max_context(uint64_t n, uint64_t kv_budget) const {
-    if (blocked_) {
+    if (max_window_ == 0) {
       const uint64_t each = kv_budget / n;
       return each < open_bytes_ ? 0 : (each - open_bytes_) / bytes_per_block() * block_tokens_;
     }
@@ -158,7 +166,9 @@ AttentionGeometry AttentionGeometry::mla(int n_layers, int latent_dim) {
 }
 
 AttentionGeometry AttentionGeometry::from_kv_geometry(const KvGeometry& geometry) {
-  return uniform(geometry.n_layers, geometry.n_kv_heads, geometry.head_dim);
+  AttentionGeometry g = uniform(geometry.n_layers, geometry.n_kv_heads, geometry.head_dim);
+  for (auto& layer : g.layers) layer.window = static_cast<uint64_t>(geometry.window_tokens);
+  return g;
 }
 
 std::optional<KvGeometry> AttentionGeometry::pool_geometry(DType k_dtype, DType v_dtype,
@@ -168,8 +178,13 @@ std::optional<KvGeometry> AttentionGeometry::pool_geometry(DType k_dtype, DType 
   if (first.kv_heads <= 0 || first.k_head_dim <= 0 || first.k_head_dim != first.v_head_dim) {
     return std::nullopt;
   }
+  // One window on every layer is the pool's sliding window; layers that differ in their windows
+  // (Gemma 2's) are all kept in full, as the pool keeps them.
+  const bool one_window = std::all_of(layers.begin(), layers.end(),
+                                      [&](const auto& l) { return l.window == first.window; });
+  if (first.window > static_cast<uint64_t>(std::numeric_limits<int>::max())) return std::nullopt;
   for (const auto& layer : layers) {
-    if (layer.window != 0 || layer.latent_dim != 0 || layer.kv_heads != first.kv_heads ||
+    if (layer.latent_dim != 0 || layer.kv_heads != first.kv_heads ||
         layer.k_head_dim != first.k_head_dim || layer.v_head_dim != first.v_head_dim) {
       return std::nullopt;
     }
@@ -179,7 +194,8 @@ std::optional<KvGeometry> AttentionGeometry::pool_geometry(DType k_dtype, DType 
                      first.k_head_dim,
                      block_tokens,
                      k_dtype,
-                     v_dtype};
+                     v_dtype,
+                     one_window ? static_cast<int>(first.window) : 0};
   try {
     g.validate();
   } catch (const Error&) {

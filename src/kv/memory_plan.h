@@ -1,10 +1,12 @@
 // KV memory planning: what a model's attention costs in bytes for a set of context lengths and
 // concurrencies, under a KV dtype, a block size and a memory budget.
 //
-// A geometry the block pool can store (every layer full attention with one K/V head shape) is
-// costed through KvGeometry, the formula the pool allocates with, so the plan equals what the
-// pool allocates to the byte. Other geometries (MLA latents, sliding windows, per-layer shapes)
-// are costed per layer, as a paged allocator that frees blocks leaving the window would hold
+// A geometry the block pool can store (one K/V head shape on every layer) is costed through
+// KvGeometry, the formula the pool allocates with, so the plan equals what the pool allocates to
+// the byte: with one sliding window on every layer a request holds the blocks its window
+// touches; layers of different windows (Gemma 2's) are all kept in full, as the pool keeps
+// them. Other geometries (MLA latents, per-layer shapes, dtypes the pool does not store) are
+// costed per layer, as a paged allocator that frees blocks leaving a layer's window would hold
 // them.
 //
 // Thread-safety: pure functions over values; safe from any thread.
@@ -41,8 +43,9 @@ struct AttentionGeometry {
   // The same layers as kv's block pool sees them.
   static AttentionGeometry from_kv_geometry(const KvGeometry& geometry);
 
-  // The block pool's geometry when every layer is full attention with one K/V head shape that
-  // the pool stores in these dtypes (KvGeometry::validate); nullopt otherwise.
+  // The block pool's geometry when every layer has one K/V head shape that the pool stores in
+  // these dtypes (KvGeometry::validate), with the layers' window when they share one; nullopt
+  // otherwise.
   std::optional<KvGeometry> pool_geometry(DType k_dtype, DType v_dtype, int block_tokens) const;
   bool is_mla() const;
   bool has_window() const;

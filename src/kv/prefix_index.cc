@@ -72,8 +72,8 @@ struct TokensLess {
 struct PrefixIndex::Node {
   Node* parent = nullptr;
   Space* space = nullptr;
-  std::vector<int32_t> tokens;  // this node's key under its parent: a block's token ids
-  BlockId block = -1;
+  std::vector<int32_t> tokens;           // this node's key under its parent: a block's token ids
+  BlockId block = BlockTable::kNoBlock;  // kNoBlock: hollow (evicted, under a window)
   Hash256 hash{};
   std::map<std::vector<int32_t>, std::unique_ptr<Node>, TokensLess> children;
   uint64_t last_access = 0;
@@ -113,7 +113,10 @@ size_t PrefixIndex::HashKey::operator()(const Hash256& h) const {
 }
 
 PrefixIndex::PrefixIndex(BlockPool& pool, PrefixIndexOptions options, Clock clock)
-    : pool_(pool), options_(options), clock_(std::move(clock)) {
+    : pool_(pool),
+      options_(options),
+      window_(static_cast<size_t>(pool.geometry().window_tokens)),
+      clock_(std::move(clock)) {
   node_of_block_.assign(pool.num_blocks(), nullptr);
   // A partly filled block's keys grouped per channel are not in it yet, and its first tokens'
   // keys would be quantised with other tokens than a cold run's: such blocks are neither
@@ -190,7 +193,7 @@ PrefixIndex::Walk PrefixIndex::walk(const Hash256& ns, std::span<const int32_t> 
   const std::span<const int32_t> rest = tokens.subspan(pos, std::min(block, limit - pos));
   auto it = node->children.lower_bound(rest);
   for (auto candidate : {it, it == node->children.begin() ? node->children.end() : std::prev(it)}) {
-    if (candidate == node->children.end()) continue;
+    if (candidate == node->children.end() || candidate->second->block < 0) continue;
     const size_t run = common_prefix(candidate->second->tokens, rest);
     if (run > w.partial_tokens) {
       w.partial_tokens = run;
@@ -221,15 +224,70 @@ PrefixIndex::Walk PrefixIndex::walk(const Hash256& ns, std::span<const int32_t> 
   return w;
 }
 
+size_t PrefixIndex::first_held(size_t cached) const {
+  return pool_.geometry().first_needed(cached) / static_cast<size_t>(pool_.geometry().block_tokens);
+}
+
+size_t PrefixIndex::window_fit(const std::vector<Node*>& path, size_t full) const {
+  const auto bt = static_cast<size_t>(pool_.geometry().block_tokens);
+  size_t j = full;
+  // A hollow block h rules out every end j > h whose window reaches it; the next end to try is
+  // h itself, so each block is looked at about once.
+  while (j > 0) {
+    const size_t first = first_held(j * bt);
+    size_t hollow = j;
+    for (size_t i = j; i-- > first;) {
+      if (path[i]->block < 0) {
+        hollow = i;
+        break;
+      }
+    }
+    if (hollow == j) return j;
+    j = hollow;
+  }
+  return 0;
+}
+
+bool PrefixIndex::fit_window(Walk& w) const {
+  if (window_ == 0) return false;
+  const auto bt = static_cast<size_t>(pool_.geometry().block_tokens);
+  const size_t full = w.path.size();
+  const size_t reusable = options_.partial_reuse ? w.partial_tokens : 0;
+  if (reusable > 0) {
+    // The copied block is present; the window of the token after it must find the rest.
+    bool present = true;
+    for (size_t i = first_held(full * bt + reusable); i < full && present; ++i) {
+      present = w.path[i]->block >= 0;
+    }
+    if (present) return false;
+  }
+  const size_t fit = window_fit(w.path, full);
+  if (fit == full) return false;
+  // The block the cut stops at is hollow: the ledger says when it left.
+  const Node* gone = w.path[fit];
+  auto it = ledger_.find(gone->hash);
+  w.miss = it == ledger_.end() ? MissReason{MissKind::kEvicted, fit * bt, 0}
+                               : MissReason{it->second.kind, fit * bt, it->second.at_ms};
+  w.path.resize(fit);
+  w.full_tokens = fit * bt;
+  w.partial = nullptr;
+  w.partial_tokens = 0;
+  return true;
+}
+
 PrefixMatch PrefixIndex::explain(const Hash256& ns, std::span<const int32_t> tokens,
                                  size_t limit) const {
-  const Walk w = walk(ns, tokens, limit);
+  Walk w = walk(ns, tokens, limit);
+  fit_window(w);
   PrefixMatch m;
-  m.shared_blocks = w.path.size();
-  if (!w.path.empty()) m.last_shared_hash = w.path.back()->hash;
-  for (const Node* n : w.path) m.shared_unreferenced += pool_.ref_count(n->block) == 0;
   m.copied_tokens = options_.partial_reuse ? w.partial_tokens : 0;
   m.cached_tokens = w.full_tokens + m.copied_tokens;
+  const size_t holes = first_held(m.cached_tokens);
+  m.shared_blocks = w.path.size() - holes;
+  if (!w.path.empty()) m.last_shared_hash = w.path.back()->hash;
+  for (size_t i = holes; i < w.path.size(); ++i) {
+    m.shared_unreferenced += pool_.ref_count(w.path[i]->block) == 0;
+  }
   m.miss = w.miss;
   return m;
 }
@@ -238,19 +296,30 @@ PrefixMatch PrefixIndex::match(const Hash256& ns, std::span<const int32_t> token
                                BlockTable& table) {
   if (!table.blocks().empty()) fail("prefix match needs an empty block table");
   Walk w = walk(ns, tokens, limit);
+  fit_window(w);
   PrefixMatch m;
   m.miss = w.miss;
-  if (!w.path.empty()) m.last_shared_hash = w.path.back()->hash;
-  for (Node* n : w.path) {
-    m.shared_unreferenced += pool_.ref_count(n->block) == 0;
-    table.append_shared(n->block);
-    touch(n);
-    ++n->hits;
-    n->used_ms = clock_();
-  }
-  m.shared_blocks = w.path.size();
-  m.cached_tokens = w.full_tokens;
-  if (options_.partial_reuse && w.partial_tokens > 0) {
+  const size_t reusable = options_.partial_reuse ? w.partial_tokens : 0;
+  // Shares the first n blocks of the path, holes where the window of position `tokens` ends
+  // no longer reads them.
+  const auto share = [&](size_t n, size_t cached) {
+    table.clear();
+    m.shared_unreferenced = 0;
+    const size_t holes = std::min(n, first_held(cached));
+    for (size_t i = 0; i < n; ++i) {
+      if (i < holes) {
+        table.append_hole();
+        continue;
+      }
+      m.shared_unreferenced += pool_.ref_count(w.path[i]->block) == 0;
+      table.append_shared(w.path[i]->block);
+    }
+    m.shared_blocks = n - holes;
+    m.cached_tokens = n * static_cast<size_t>(pool_.geometry().block_tokens);
+    m.last_shared_hash = n == 0 ? Hash256{} : w.path[n - 1]->hash;
+  };
+  share(w.path.size(), w.full_tokens + reusable);
+  if (reusable > 0) {
     // Hold the source while allocating, so the eviction an allocation may trigger cannot
     // take it.
     pool_.retain(w.partial->block);
@@ -265,8 +334,21 @@ PrefixMatch PrefixIndex::match(const Hash256& ns, std::span<const int32_t> token
       w.partial->used_ms = clock_();
     } else {
       m.miss = {MissKind::kPartialBlock, m.cached_tokens, 0};
+      if (window_ > 0) {
+        // Without the copy the window reaches further back. The failed allocation evicted
+        // nothing, so the walk's nodes are as they were.
+        w.partial_tokens = 0;
+        if (fit_window(w)) m.miss = w.miss;
+        share(w.path.size(), w.full_tokens);
+      }
     }
     pool_.release(w.partial->block);
+  }
+  for (size_t i = w.path.size() - m.shared_blocks; i < w.path.size(); ++i) {
+    Node* n = w.path[i];
+    touch(n);
+    ++n->hits;
+    n->used_ms = clock_();
   }
   if (options_.enabled) {
     // The sequence's insert() drops the namespace again if it ends up caching nothing.
@@ -291,7 +373,7 @@ PrefixIndex::Node* PrefixIndex::add_child(Space& sp, Node& parent, std::vector<i
   n->tokens = key;
   n->depth = parent.depth + 1;
   n->created_ms = n->used_ms = clock_();
-  if (parent.children.empty() && parent.parent != nullptr) lru_remove(&parent);
+  if (window_ == 0) lru_remove(&parent);  // no longer a leaf
   parent.children.emplace(std::move(key), std::move(node));
   node_of_block_[block] = n;
   pool_.set_cacheable(block, true);
@@ -335,8 +417,15 @@ void PrefixIndex::insert_blocks(const Hash256& ns, std::span<const int32_t> toke
     auto it = node->children.find(key);
     if (it != node->children.end()) {  // already cached, perhaps in another block
       node = it->second.get();
+      // A hollow node takes the block the sequence recomputed.
+      if (node->block < 0 && i >= table.first_held() &&
+          node_of_block_[table.blocks()[i]] == nullptr && make_room(sp, node)) {
+        refill(node, table.blocks()[i]);
+        if (!node->partial) added.push_back({node->hash, node->block, begin});
+      }
       continue;
     }
+    if (i < table.first_held()) return;  // a hole the tree does not know: nothing to chain on
     if (key.size() < block) {
       // A full block that starts with these tokens already serves them by copy.
       auto next = node->children.lower_bound(key);
@@ -358,7 +447,7 @@ bool PrefixIndex::make_room(Space& sp, const Node* keep) {
   while (sp.quota != 0 && sp.blocks >= sp.quota) {
     Node* victim = oldest_evictable(&sp, false, keep);
     if (victim == nullptr) return false;
-    remove_leaf(victim, MissKind::kQuota);
+    remove_block(victim, MissKind::kQuota);
   }
   return true;
 }
@@ -369,8 +458,12 @@ bool PrefixIndex::pinned(const Node& n) const {
   return std::any_of(n.pins.begin(), n.pins.end(), [&](const auto& p) { return p.second > now; });
 }
 
+bool PrefixIndex::lru_member(const Node& n) const {
+  return n.parent != nullptr && n.block >= 0 && (window_ > 0 || n.children.empty());
+}
+
 bool PrefixIndex::evictable(const Node& n, bool ignore_pins) const {
-  return n.children.empty() && pool_.state(n.block) == BlockState::kCached &&
+  return lru_member(n) && pool_.state(n.block) == BlockState::kCached &&
          (ignore_pins || !pinned(n));
 }
 
@@ -387,17 +480,37 @@ PrefixIndex::Node* PrefixIndex::oldest_evictable(const Space* only, bool ignore_
   return nullptr;
 }
 
-void PrefixIndex::remove_leaf(Node* n, MissKind why) {
+void PrefixIndex::remove_block(Node* n, MissKind why) {
   remember(n->hash, why, n->tag);
   lru_remove(n);
   pool_.free_cached(n->block);
   node_of_block_[n->block] = nullptr;
+  n->block = BlockTable::kNoBlock;
   --n->space->blocks;
   --stats_.nodes;
   ++stats_.evicted_blocks;
-  Node* parent = n->parent;
-  parent->children.erase(n->tokens);  // destroys n
-  if (parent->children.empty() && parent->parent != nullptr) lru_add(parent);
+  // A hollow node without children leads nowhere: it leaves the tree, and so does each hollow
+  // ancestor it alone kept.
+  while (n->parent != nullptr && n->block < 0 && n->children.empty()) {
+    Node* parent = n->parent;
+    parent->children.erase(parent->children.find(n->tokens));  // destroys n
+    n = parent;
+  }
+  if (lru_member(*n)) lru_add(n);  // a parent that became a leaf
+}
+
+void PrefixIndex::refill(Node* n, BlockId b) {
+  n->block = b;
+  node_of_block_[b] = n;
+  pool_.set_cacheable(b, true);
+  ++n->space->blocks;
+  ++stats_.nodes;
+  ++stats_.inserted_blocks;
+  if (auto gone = ledger_.find(n->hash); gone != ledger_.end()) ledger_.erase(gone);
+  n->created_ms = n->used_ms = clock_();
+  n->hits = 0;
+  n->last_access = ++tick_;
+  lru_add(n);
 }
 
 BlockFacts PrefixIndex::facts_of(const Node& n, double now) const {
@@ -438,7 +551,7 @@ size_t PrefixIndex::evict(size_t n, bool ignore_pins) {
       victim->tag =
           options_.on_evict({sp->ns, victim->block, facts_of(*victim, clock_()), victim->tag});
     }
-    remove_leaf(victim, MissKind::kEvicted);
+    remove_block(victim, MissKind::kEvicted);
     drop_if_empty(sp);
     ++done;
   }
@@ -449,7 +562,7 @@ size_t PrefixIndex::flush() {
   size_t done = 0;
   while (Node* victim = oldest_evictable(nullptr, true)) {
     const Space* sp = victim->space;
-    remove_leaf(victim, MissKind::kEvicted);
+    remove_block(victim, MissKind::kEvicted);
     drop_if_empty(sp);
     ++done;
   }
@@ -563,7 +676,7 @@ void PrefixIndex::set_quota(const Hash256& ns, size_t max_blocks) {
   while (max_blocks != 0 && sp.blocks > max_blocks) {
     Node* victim = oldest_evictable(&sp, false);
     if (victim == nullptr) break;
-    remove_leaf(victim, MissKind::kQuota);
+    remove_block(victim, MissKind::kQuota);
   }
   drop_if_empty(&sp);
 }
@@ -583,7 +696,7 @@ NamespaceStats PrefixIndex::namespace_stats(const Hash256& ns) const {
     const Node* n = stack.back();
     stack.pop_back();
     for (const auto& [key, child] : n->children) {
-      pinned_blocks += pinned(*child);
+      pinned_blocks += child->block >= 0 && pinned(*child);
       stack.push_back(child.get());
     }
   }
@@ -608,16 +721,21 @@ void PrefixIndex::check_invariants() const {
       const Node* n = stack.back();
       stack.pop_back();
       for (const auto& [key, child] : n->children) {
-        ++in_space;
         if (child->parent != n || child->tokens != key || child->space != sp.get()) {
           fail("prefix index: node links are inconsistent");
         }
-        if (node_of_block_[child->block] != child.get() || !pool_.cacheable(child->block) ||
-            pool_.state(child->block) == BlockState::kFree) {
+        if (child->block < 0) {
+          if (window_ == 0 || child->children.empty()) {
+            fail("prefix index: a hollow node must be an inner node under a window");
+          }
+        } else if (node_of_block_[child->block] != child.get() || !pool_.cacheable(child->block) ||
+                   pool_.state(child->block) == BlockState::kFree) {
           fail("prefix index: block {} of a node is not held as cached", child->block);
+        } else {
+          ++in_space;
         }
-        if (child->in_lru != child->children.empty()) {
-          fail("prefix index: the LRU list must hold exactly the leaves");
+        if (child->in_lru != lru_member(*child)) {
+          fail("prefix index: the LRU list must hold exactly the evictable kind of node");
         }
         if (child->partial && !child->children.empty()) fail("prefix index: partial inner node");
         stack.push_back(child.get());

@@ -4,6 +4,12 @@
 // only when an allocation finds no free block, from unreferenced leaves, least recently used
 // first; and every lookup that stops early says why.
 //
+// Under a sliding window (KvGeometry::window_tokens) a prefix needs only the blocks its last
+// window touches: any unreferenced block may be evicted, an inner one leaving a hollow node that
+// keeps its tokens and hash so that the blocks after it stay reachable. A lookup walks through
+// hollow nodes and reuses the longest prefix whose window's blocks are all present; the table it
+// fills holds holes for the blocks before that window.
+//
 // Thread-safety: none; its owner (the KV cache manager) serialises every call.
 #pragma once
 
@@ -172,8 +178,9 @@ class PrefixIndex : public BlockSource {
   // Caps the blocks ns may keep cached (0: no cap).
   void set_quota(const Hash256& ns, size_t max_blocks);
 
-  // Evicts up to n unreferenced leaf blocks, least recently used (or least valuable) first,
-  // skipping pinned ones unless ignore_pins (the last resort when nothing else can make room).
+  // Evicts up to n unreferenced leaf blocks (any unreferenced block under a window), least
+  // recently used (or least valuable) first, skipping pinned ones unless ignore_pins (the last
+  // resort when nothing else can make room).
   size_t evict(size_t n, bool ignore_pins = false);
   // Evicts every unreferenced block, pinned or not; returns how many.
   size_t flush();
@@ -227,7 +234,21 @@ class PrefixIndex : public BlockSource {
   BlockFacts facts_of(const Node& n, double now) const;
   // The eviction victim: the oldest evictable block, or the least valuable of a sample.
   Node* victim(bool ignore_pins) const;
-  void remove_leaf(Node* n, MissKind why);
+  // Frees n's block: a leaf leaves the tree (with the hollow nodes it alone kept), an inner
+  // node (only under a window) stays as a hollow one.
+  void remove_block(Node* n, MissKind why);
+  // Gives the hollow node n the block b again (a sequence recomputed it).
+  void refill(Node* n, BlockId b);
+  // Cuts a walk back to the longest prefix whose window's blocks are all present, saying why in
+  // its miss; true when it cut.
+  bool fit_window(Walk& w) const;
+  // The most of the first `full` blocks of path a match may share with every block the window
+  // of its next token reads present.
+  size_t window_fit(const std::vector<Node*>& path, size_t full) const;
+  // Blocks before the one holding the first key the token after `cached` tokens reads.
+  size_t first_held(size_t cached) const;
+  // Whether n is in the eviction order: every node holding a block under a window, else leaves.
+  bool lru_member(const Node& n) const;
   void touch(Node* n);
   void lru_add(Node* n);
   void lru_remove(Node* n);
@@ -243,10 +264,11 @@ class PrefixIndex : public BlockSource {
 
   BlockPool& pool_;
   PrefixIndexOptions options_;
+  size_t window_ = 0;  // the pool's sliding window in tokens (0: none)
   Clock clock_;
   uint64_t tick_ = 0;
   std::map<Hash256, std::unique_ptr<Space>> spaces_;
-  std::set<std::pair<uint64_t, Node*>> lru_;  // leaves (not roots), by last access
+  std::set<std::pair<uint64_t, Node*>> lru_;  // lru_member nodes, by last access
   std::vector<Node*> node_of_block_;
   std::unordered_map<Hash256, LedgerEntry, HashKey> ledger_;
   std::deque<std::pair<Hash256, uint64_t>> ledger_order_;

@@ -54,6 +54,9 @@ struct LlamaConfig {
 
   // Whether layer l attends through the sliding window.
   bool layer_slides(int l) const { return sliding_window > 0 && l % sliding_every == 0; }
+  // The window when every layer slides (the KV cache then keeps only each sequence's window),
+  // else 0.
+  int kv_window() const { return sliding_window > 0 && sliding_every == 1 ? sliding_window : 0; }
   // gemma2: embeddings scaled by sqrt(n_embd), GELU (tanh form) instead of SiLU in the FFN,
   // RMSNorms after attention and after the FFN, attention scores and final logits soft-capped
   // as cap * tanh(x / cap) (0: no cap), and its own attention scale.

@@ -185,8 +185,11 @@ std::vector<QueryTile> query_tiles(std::span<const BatchRow> rows, size_t max_ro
   std::vector<QueryTile> tiles;
   for (size_t r = 0; r < rows.size(); ++r) {
     const kv::BlockTable& first = *rows[tiles.empty() ? r : tiles.back().first_row].table;
+    // Holes (blocks released behind a window) say nothing about sharing.
+    const kv::BlockId front = rows[r].table->blocks().front();
     if (tiles.empty() || tiles.back().rows == max_rows ||
-        (rows[r].table != &first && rows[r].table->blocks().front() != first.blocks().front())) {
+        (rows[r].table != &first &&
+         (front == kv::BlockTable::kNoBlock || front != first.blocks().front()))) {
       tiles.push_back({r, 0});
     }
     ++tiles.back().rows;
@@ -330,7 +333,8 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
             const size_t blocks_ahead = std::clamp<size_t>(kPrefetchBytes / run_bytes, 2, 16);
             const size_t ahead = t0 + blocks_ahead * bt;
             // The lead sequence may be shorter than the tile's longest (a shared prefix).
-            if (queries > kPrefetchQueries || ahead >= std::min(longest, lead.capacity_tokens())) {
+            if (queries > kPrefetchQueries || ahead >= std::min(longest, lead.capacity_tokens()) ||
+                lead.block_of(ahead) == kv::BlockTable::kNoBlock) {
               return;
             }
             const uint8_t* base = pool.data(lead.block_of(ahead)) + run.offset;
@@ -466,6 +470,16 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
     if (row.table == nullptr || &row.table->pool() != &pool || row.pos < 0 ||
         static_cast<size_t>(row.pos) >= row.table->capacity_tokens()) {
       fail("position {} is not covered by its sequence's KV blocks", row.pos);
+    }
+    // A table releases the blocks behind a window of every layer (KvGeometry::window_tokens);
+    // the keys a row reads must still be held.
+    const size_t first_key =
+        c.kv_window() > 0 && static_cast<size_t>(row.pos) + 1 > static_cast<size_t>(c.kv_window())
+            ? static_cast<size_t>(row.pos) + 1 - static_cast<size_t>(c.kv_window())
+            : 0;
+    if (first_key / static_cast<size_t>(g.block_tokens) < row.table->first_held()) {
+      fail("position {} reads keys from position {}, whose block its sequence has released",
+           row.pos, first_key);
     }
     n_logits += row.want_logits ? 1 : 0;
   }

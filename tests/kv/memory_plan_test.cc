@@ -165,19 +165,48 @@ TEST(MemoryPlan, EqualsWhatTheBlockPoolAllocates) {
   }
 }
 
-TEST(MemoryPlan, SlidingWindowLayersAreCapped) {
+TEST(MemoryPlan, SlidingWindowLayersAreCappedPerLayerOutsideThePool) {
+  // Layers of two shapes: no pool layout, each layer costed as a paged cache would hold it.
   AttentionGeometry g = AttentionGeometry::uniform(2, 8, 128);
   g.layers[1].window = 4096;
+  g.layers[1].kv_heads = 4;
   EXPECT_FALSE(g.pool_geometry(DType::F16, DType::F16, 16).has_value());
   const MemoryPlan p = plan(g, DType::F16, {1000, 131072});
-  const uint64_t layer = 2 * 8 * 128 * 2;
-  EXPECT_EQ(p.bytes_per_token, 2 * layer);
-  EXPECT_EQ(p.requests[0].exact_bytes, 2 * 1000 * layer);
-  EXPECT_EQ(p.requests[0].allocated_bytes, 2 * 1008 * layer);
-  EXPECT_EQ(p.requests[1].exact_bytes, (131072 + 4096) * layer);
+  const uint64_t full = 2 * 8 * 128 * 2, windowed = full / 2;
+  EXPECT_EQ(p.bytes_per_token, full + windowed);
+  EXPECT_EQ(p.requests[0].exact_bytes, 1000 * (full + windowed));
+  EXPECT_EQ(p.requests[0].allocated_bytes, 1008 * (full + windowed));
+  EXPECT_EQ(p.requests[1].exact_bytes, 131072 * full + 4096 * windowed);
   // A 4096-token window sliding over 16-token blocks straddles up to 257 of them.
-  EXPECT_EQ(p.requests[1].allocated_bytes, (131072 + 257 * 16) * layer);
+  EXPECT_EQ(p.requests[1].allocated_bytes, 131072 * full + 257 * 16 * windowed);
   EXPECT_FALSE(p.requests[1].blocks.has_value());
+}
+
+TEST(MemoryPlan, OneWindowOnEveryLayerIsThePoolsWindow) {
+  AttentionGeometry g = AttentionGeometry::uniform(2, 8, 128);
+  for (auto& layer : g.layers) layer.window = 4096;
+  const auto pool = g.pool_geometry(DType::F16, DType::F16, 16);
+  ASSERT_TRUE(pool.has_value());
+  EXPECT_EQ(pool->window_tokens, 4096);
+  const MemoryPlan p = plan(g, DType::F16, {1000, 131072});
+  ASSERT_TRUE(p.pool_layout);
+  const uint64_t block = 2 * 2 * 8 * 128 * 2 * 16;
+  EXPECT_EQ(p.requests[0].allocated_bytes, 63 * block);
+  EXPECT_EQ(*p.requests[1].blocks, 257u);
+  EXPECT_EQ(p.requests[1].allocated_bytes, 257 * block);
+  EXPECT_EQ(p.requests[1].exact_bytes, 4096 * block / 16);
+  EXPECT_EQ(*p.requests[1].blocks, pool->blocks_for_sequence(131072));
+}
+
+TEST(MemoryPlan, LayersOfDifferentWindowsAreAllKeptInFullAsThePoolKeepsThem) {
+  AttentionGeometry g = AttentionGeometry::uniform(2, 8, 128);
+  g.layers[1].window = 4096;  // Gemma 2's interleaving
+  const auto pool = g.pool_geometry(DType::F16, DType::F16, 16);
+  ASSERT_TRUE(pool.has_value());
+  EXPECT_EQ(pool->window_tokens, 0);
+  const MemoryPlan p = plan(g, DType::F16, {131072});
+  EXPECT_EQ(*p.requests[0].blocks, 131072u / 16);
+  EXPECT_EQ(p.requests[0].allocated_bytes, 131072 * pool->bytes_per_token());
 }
 
 TEST(MemoryPlan, LimitsMatchABruteForceSearch) {

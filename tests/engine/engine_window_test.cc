@@ -1,0 +1,202 @@
+// The engine on a model whose every layer slides (Mistral style): a sequence holds only the
+// blocks its window touches, as `kvcache plan` says, generations longer than the pool complete,
+// and cache hits, batches, chunks and preemptions still change no bit of any answer against a
+// reference that keeps every block and applies the window's mask.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "engine_fixture.h"
+#include "kv/memory_plan.h"
+#include "reference_generator.h"
+#include "scratch_dir.h"
+
+namespace kvc::engine {
+namespace {
+
+using kvc::testing::GenerationOptions;
+using kvc::testing::Generator;
+
+constexpr int kWindow = 40;
+constexpr int kBlockTokens = 16;
+
+std::string windowed_model_path() {
+  static const std::string path = [] {
+    model::SyntheticOptions o;
+    o.arch = "llama";
+    o.sliding_window = kWindow;
+    const std::string p = (testing::scratch_dir() / "llama-window-40.gguf").string();
+    model::write_synthetic_model(o, p);
+    return p;
+  }();
+  return path;
+}
+
+EngineOptions windowed_options(const model::LlamaModel& model, size_t pool_blocks) {
+  EngineOptions o;
+  o.threads = 2;
+  o.block_tokens = kBlockTokens;
+  o.max_batch_tokens = 32;
+  o.max_running = 4;
+  const kv::KvGeometry g = model.config().kv_geometry(DType::F16, DType::F16, kBlockTokens);
+  o.kv_memory_bytes = g.bytes_per_block() * pool_blocks;
+  return o;
+}
+
+// Greedy tokens and each step's logits of a solo run that keeps every block.
+struct Reference {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+};
+
+Reference solo_run(const model::LlamaModel& model, const std::vector<int32_t>& prompt,
+                   int max_tokens) {
+  const kv::KvGeometry g = model.config().kv_geometry(DType::F16, DType::F16, kBlockTokens);
+  kv::BlockPool pool(g, g.bytes_per_block() * g.blocks_for_tokens(prompt.size() + max_tokens));
+  ThreadPool threads(1);
+  Generator solo(model, pool, threads);
+  GenerationOptions go;
+  go.max_tokens = max_tokens;
+  go.sampling.temperature = 0.0f;
+  go.stop_at_eos = false;
+  Reference r;
+  go.on_logits = [&](std::span<const float> l) { r.logits.emplace_back(l.begin(), l.end()); };
+  solo.generate(prompt, go, [&](int32_t t) {
+    r.tokens.push_back(t);
+    return true;
+  });
+  return r;
+}
+
+void expect_same_answer(const Outcome& got, const Reference& want, const std::string& what) {
+  ASSERT_EQ(got.error, "") << what;
+  EXPECT_EQ(got.tokens, want.tokens) << what;
+  ASSERT_EQ(got.logits.size(), want.logits.size()) << what;
+  for (size_t k = 0; k < want.logits.size(); ++k) {
+    ASSERT_EQ(0, std::memcmp(got.logits[k].data(), want.logits[k].data(),
+                             want.logits[k].size() * sizeof(float)))
+        << what << ": step " << k;
+  }
+}
+
+TEST(EngineWindow, AGenerationLongerThanThePoolHoldsOnlyItsWindowAsPlanned) {
+  Loaded m(windowed_model_path());
+  ASSERT_EQ(m.model->config().kv_window(), kWindow);
+  // 8 blocks of 16 tokens: 128 tokens, less than the 260 this request reaches.
+  Engine engine(*m.model, *m.tokenizer, windowed_options(*m.model, 8));
+  EXPECT_EQ(engine.geometry().window_tokens, kWindow);
+  model::Rng rng(5);
+  const auto prompt = random_prompt(rng, m.model->config().n_vocab, 60);
+  Request r = greedy(prompt, 200);
+  r.record_logits = true;
+  const Outcome out = complete(engine, r);
+  expect_same_answer(out, solo_run(*m.model, prompt, 200), "a 260-token generation");
+  EXPECT_EQ(out.stats.preemptions, 0);
+
+  // Its last step wrote position 258 and read positions 219..258: blocks 13 to 16, the most a
+  // 40-token window over 16-token blocks can touch (ceil(39 / 16) + 1) and what the plan says.
+  kv::PlanOptions po;
+  po.block_tokens = kBlockTokens;
+  po.contexts = {260};
+  const kv::MemoryPlan plan =
+      kv::plan_memory(kv::AttentionGeometry::from_kv_geometry(engine.geometry()), po);
+  ASSERT_TRUE(plan.requests[0].blocks.has_value());
+  EXPECT_EQ(*plan.requests[0].blocks, 4u);
+  EXPECT_EQ(out.stats.kv_blocks, *plan.requests[0].blocks);
+  EXPECT_EQ(plan.requests[0].allocated_bytes,
+            out.stats.kv_blocks * engine.geometry().bytes_per_block());
+
+  const EngineStats s = engine.stats();
+  EXPECT_EQ(s.blocks.referenced, 0u);
+  EXPECT_EQ(s.blocks.free + s.blocks.cached + s.blocks.pinned, s.blocks.total);
+  engine.flush_cache();
+  EXPECT_EQ(engine.stats().blocks.free, engine.num_blocks());
+}
+
+TEST(EngineWindow, APoolTooSmallForAWholeChunksReachRunsShorterChunks) {
+  Loaded m(windowed_model_path());
+  EngineOptions o = windowed_options(*m.model, 6);  // a decode reads 4 blocks at most
+  o.max_batch_tokens = 512;                         // a 150-token chunk would reach over 12 blocks
+  Engine engine(*m.model, *m.tokenizer, o);
+  model::Rng rng(7);
+  const auto prompt = random_prompt(rng, m.model->config().n_vocab, 150);
+  Request r = greedy(prompt, 30);
+  r.record_logits = true;
+  const Outcome out = complete(engine, r);
+  expect_same_answer(out, solo_run(*m.model, prompt, 30), "a prompt prefilled in short chunks");
+  // A request the pool cannot hold even one token at a time is refused at once.
+  const kv::KvGeometry& g = engine.geometry();
+  EXPECT_EQ(g.blocks_for_sequence(100000), 4u);
+  o.kv_memory_bytes = g.bytes_per_block() * 3;
+  Engine tiny(*m.model, *m.tokenizer, o);
+  try {
+    complete(tiny, greedy(prompt, 30));
+    FAIL() << "a request needing 4 blocks was accepted by a 3-block pool";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.kind(), RequestErrorKind::kTooLarge) << e.what();
+  }
+}
+
+TEST(EngineWindow, HitsThroughEvictedBlocksAndBatchesUnderPressureChangeNoBit) {
+  Loaded m(windowed_model_path());
+  const int n_vocab = m.model->config().n_vocab;
+  // 14 blocks: four sequences of 6 blocks each at their widest cannot all run at once.
+  Engine engine(*m.model, *m.tokenizer, windowed_options(*m.model, 14));
+  model::Rng rng(11);
+  const auto shared = random_prompt(rng, n_vocab, 100);
+  std::vector<Request> requests;
+  for (int i = 0; i < 8; ++i) {
+    auto p = i % 3 == 2 ? random_prompt(rng, n_vocab, 70 + i) : shared;
+    const auto tail = random_prompt(rng, n_vocab, 2 + i % 4);
+    p.insert(p.end(), tail.begin() + 1, tail.end());
+    Request r = greedy(p, 60);
+    r.record_logits = true;
+    r.ns = engine.namespace_for("");
+    requests.push_back(r);
+  }
+  std::vector<Outcome> outcomes;
+  for (auto& h : engine.submit_all(requests)) outcomes.push_back(collect(*h));
+  size_t longest_hit = 0;
+  int preemptions = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    expect_same_answer(outcomes[i], solo_run(*m.model, requests[i].prompt, 60),
+                       "request " + std::to_string(i));
+    longest_hit = std::max(longest_hit, outcomes[i].stats.cached_tokens);
+    preemptions += outcomes[i].stats.preemptions;
+  }
+  // A hit longer than the window reads only its last blocks: those before are holes.
+  EXPECT_GT(longest_hit, static_cast<size_t>(2 * kWindow));
+  EXPECT_GT(preemptions, 0) << "the pool was meant to be too small for all at once";
+
+  // The shared prompt again, after the pool has moved on: whatever part of it is still
+  // usable is reused, and the answer is the same.
+  Request again = requests.front();
+  const Outcome repeat = complete(engine, again);
+  expect_same_answer(repeat, solo_run(*m.model, again.prompt, 60), "the repeat");
+  if (repeat.stats.cached_tokens + 1 < again.prompt.size()) {
+    EXPECT_NE(repeat.stats.miss.kind, kv::MissKind::kNone);
+  }
+  const EngineStats s = engine.stats();
+  EXPECT_EQ(s.blocks.referenced, 0u);
+  engine.flush_cache();
+  EXPECT_EQ(engine.stats().blocks.free, engine.num_blocks());
+}
+
+TEST(EngineWindow, TiersAreRefusedWithAClearError) {
+  Loaded m(windowed_model_path());
+  EngineOptions o = windowed_options(*m.model, 8);
+  o.kv_tiers.disk_dir = (testing::scratch_dir() / "window-tier").string();
+  try {
+    Engine engine(*m.model, *m.tokenizer, o);
+    FAIL() << "a disk tier was accepted for a sliding-window model";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sliding-window"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace kvc::engine
