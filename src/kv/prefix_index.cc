@@ -628,11 +628,16 @@ PinLease PrefixIndex::pin(const Hash256& ns, std::span<const int32_t> tokens, do
                           size_t max_blocks) {
   if (!(ttl_ms > 0)) fail("pin: time-to-live must be positive, got {} ms", ttl_ms);
   const Walk w = walk(ns, tokens, tokens.size());
-  const size_t blocks = std::min(w.path.size(), max_blocks);
-  if (blocks == 0) return {};
+  // Under a window the prefix's continuation reads only the blocks of its last window: those
+  // are the ones worth keeping (up to max_blocks of them, the last ones).
+  const size_t blocks = window_ > 0 ? w.path.size() : std::min(w.path.size(), max_blocks);
+  if (blocks == 0 || max_blocks == 0) return {};
+  const size_t first = window_ > 0 ? std::max(first_held(blocks * pool_.geometry().block_tokens),
+                                              blocks - std::min(blocks, max_blocks))
+                                   : 0;
   const uint64_t id = next_lease_++;
   const double until = clock_() + ttl_ms;
-  for (size_t i = 0; i < blocks; ++i) w.path[i]->pins.emplace_back(id, until);
+  for (size_t i = first; i < blocks; ++i) w.path[i]->pins.emplace_back(id, until);
   const size_t n_tokens = blocks * static_cast<size_t>(pool_.geometry().block_tokens);
   leases_.emplace(
       id, Lease{ns, std::vector<int32_t>(tokens.begin(), tokens.begin() + n_tokens), until});

@@ -164,7 +164,8 @@ class PrefixIndex : public BlockSource {
                                    size_t n_tokens, const BlockTable& table, bool include_partial);
 
   // Pins the first (at most max_blocks) cached full blocks of the prefix tokens until
-  // now + ttl_ms under a new lease; eviction skips pinned blocks unless told otherwise.
+  // now + ttl_ms under a new lease (under a window, the blocks the window at the prefix's end
+  // reads, at most max_blocks of them); eviction skips pinned blocks unless told otherwise.
   PinLease pin(const Hash256& ns, std::span<const int32_t> tokens, double ttl_ms,
                size_t max_blocks = SIZE_MAX);
   // Ends one lease (early); other leases on the same blocks stay. False if it is not live.

@@ -183,6 +183,21 @@ TEST(SlidingWindowIndex, AMatchStopsWhereItsWindowWouldReadAnEvictedBlock) {
   EXPECT_EQ(t.held_blocks(), 2u);
 }
 
+TEST(SlidingWindowIndex, APinKeepsTheBlocksTheWindowAtItsEndReads) {
+  WindowFixture f;
+  f.run(iota(40));
+  const PinLease lease = f.index.pin(f.ns, iota(40), 60000, 100);
+  EXPECT_EQ(lease.tokens, 40u);
+  EXPECT_EQ(f.index.namespace_stats(f.ns).pinned_blocks, 2u);  // blocks 8 and 9
+  EXPECT_EQ(f.index.evict(100), 8u);
+  EXPECT_EQ(f.index.explain(f.ns, iota(41), 40).cached_tokens, 40u);
+  EXPECT_TRUE(f.index.unpin(lease.id));
+  EXPECT_EQ(f.index.namespace_stats(f.ns).pinned_blocks, 0u);
+  EXPECT_EQ(f.index.pin(f.ns, iota(40), 60000, 1).tokens, 40u);  // the last block only
+  EXPECT_EQ(f.index.namespace_stats(f.ns).pinned_blocks, 1u);
+  f.index.check_invariants();
+}
+
 // Random prefixes of a few long sequences under memory pressure: every
 // position a step reads holds its own prefix's value, a sequence never holds more than its
 // window's blocks, and the index and pool agree after every step.
