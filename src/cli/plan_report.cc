@@ -227,17 +227,22 @@ std::string render_table(const Plan& plan) {
                        with_bytes(*f.pool_bytes), *f.pool_tokens);
   }
   if (plan.model.attention.has_window() && f.pool_layout) {
-    const auto& layers = plan.model.attention.layers;
-    const uint64_t window = layers.front().window;
-    const bool one_window = std::all_of(layers.begin(), layers.end(),
-                                        [&](const auto& l) { return l.window == window; });
-    out += one_window
-               ? fmt::format(
-                     "note     every layer slides over {} tokens: a request holds the blocks its "
-                     "window touches and frees those behind it\n",
-                     window)
-               : "note     kvcache's block pool keeps the windowed layers' K/V for every token, "
-                 "as it keeps the full layers'; these figures are what it allocates\n";
+    const auto pool = plan.model.attention.pool_geometry(f.k_dtype, f.v_dtype, f.block_tokens);
+    if (pool && pool->window_tokens > 0) {
+      out += fmt::format(
+          "note     every layer slides over {} tokens: a request holds the blocks its window "
+          "touches and frees those behind it\n",
+          pool->window_tokens);
+    } else if (pool && pool->split_window > 0) {
+      out += fmt::format(
+          "note     the windowed layers ({} tokens) have blocks of their own: a request holds "
+          "those their window touches, and the full layers' blocks of every token\n",
+          pool->split_window);
+    } else {
+      out +=
+          "note     the layers' windows differ: kvcache's block pool keeps every layer's K/V for "
+          "every token; these figures are what it allocates\n";
+    }
   } else if (plan.model.attention.has_window()) {
     out +=
         "note     these figures are for a paged cache that frees a windowed layer's blocks once "

@@ -127,8 +127,8 @@ void run(const RunArgs& a) {
   }
 
   const KvDtypes kv_dtypes = resolve_kv_dtypes(a.kv_dtypes, DType::F16, true);
-  kv::KvGeometry geometry = config.kv_geometry(kv_dtypes.k, kv_dtypes.v, a.block_tokens);
-  geometry.window_tokens = config.kv_window();
+  const kv::KvGeometry geometry =
+      config.kv_cache_geometry(kv_dtypes.k, kv_dtypes.v, a.block_tokens);
   // By default the pool holds one full context (or window), all a single sequence can use.
   const uint64_t kv_bytes = a.kv_memory.empty()
                                 ? geometry.blocks_for_sequence(

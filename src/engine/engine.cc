@@ -33,8 +33,7 @@ Engine::Engine(const model::LlamaModel& model, const model::Tokenizer& tokenizer
       e2e_(Histogram::latency_ms_bounds()),
       queue_(Histogram::latency_ms_bounds()) {
   const auto& c = model_.config();
-  geometry_ = c.kv_geometry(options_.kv_k_dtype, options_.kv_v_dtype, options_.block_tokens);
-  geometry_.window_tokens = c.kv_window();
+  geometry_ = c.kv_cache_geometry(options_.kv_k_dtype, options_.kv_v_dtype, options_.block_tokens);
   options_.block_tokens = geometry_.block_tokens;
   const auto chunk = static_cast<size_t>(std::max(options_.max_batch_tokens, 1));
   uint64_t bytes = options_.kv_memory_bytes;
@@ -308,6 +307,9 @@ void Engine::finish(Sequence& s, FinishReason reason, const std::string& error) 
   }
   if (s.table) {
     s.stats.kv_blocks = s.table->held_blocks() + s.table->open_key_blocks().size();
+    if (s.window_table) {
+      s.stats.kv_blocks += s.window_table->held_blocks() + s.window_table->open_key_blocks().size();
+    }
     kv_->seal(s, true);
     kv_->keep_session(s.req.session_id, s);
     kv_->detach(s);
@@ -412,8 +414,8 @@ bool Engine::step() {
     }
     for (auto& [s, n] : plan.rows) {
       for (size_t i = s->written; i < s->written + n; ++i) {
-        rows.push_back(
-            {s->tokens[i], static_cast<int32_t>(i), s->table.get(), i + 1 == s->tokens.size()});
+        rows.push_back({s->tokens[i], static_cast<int32_t>(i), s->table.get(),
+                        i + 1 == s->tokens.size(), s->window_table.get()});
       }
     }
   }

@@ -20,12 +20,12 @@ KvCacheManager::KvCacheManager(const kv::KvGeometry& geometry, uint64_t memory_b
   pool_ = std::make_unique<kv::BlockPool>(geometry, memory_bytes);
   const TierOptions& t = options_.tiers;
   const bool tiered = options_.prefix_cache && (!t.disk_dir.empty() || !t.redis_url.empty());
-  if (tiered && geometry.window_tokens > 0) {
+  if (tiered && (geometry.window_tokens > 0 || geometry.split_window > 0)) {
     fail(
         "the disk and Redis tiers do not store the blocks of a sliding-window model (a window of "
         "{} tokens): a stored prefix would need its window's blocks back as well; run without "
         "--kv-disk and --kv-redis",
-        geometry.window_tokens);
+        std::max(geometry.window_tokens, geometry.split_window));
   }
   kv::PrefixIndexOptions io;
   io.enabled = options_.prefix_cache;
@@ -33,6 +33,14 @@ KvCacheManager::KvCacheManager(const kv::KvGeometry& geometry, uint64_t memory_b
   if (tiered && t.policy == TierPolicy::kCostModel) {
     io.block_value = [this](const kv::BlockFacts& f) { return block_value(f); };
     io.on_evict = [this](const kv::LeavingBlock& b) { return store_reused(b, false); };
+  }
+  if (geometry.split_window > 0) {
+    // Two groups of layers in one pool: each has its own index, and this manager checks and
+    // evicts across both.
+    io.shares_pool = true;
+    kv::PrefixIndexOptions window = io;
+    window.window_tokens = geometry.split_window;
+    window_index_ = std::make_unique<kv::PrefixIndex>(*pool_, window, clock);
   }
   index_ = std::make_unique<kv::PrefixIndex>(*pool_, io, std::move(clock));
   tenant_cap_ = options_.tenant_pinned_max_blocks > 0
@@ -112,8 +120,12 @@ void KvCacheManager::measure_writes() {
 
 uint64_t KvCacheManager::version() const {
   // Every change of the tree inserts or evicts a block; 1 + so that 0 means "never looked".
-  const kv::PrefixIndexStats s = index_->stats();
-  return 1 + s.inserted_blocks + s.evicted_blocks;
+  uint64_t changes = 1;
+  for (const kv::PrefixIndex* index : indexes()) {
+    const kv::PrefixIndexStats s = index->stats();
+    changes += s.inserted_blocks + s.evicted_blocks;
+  }
+  return changes;
 }
 
 const kv::PrefixMatch& KvCacheManager::computed(Sequence& s) {
@@ -123,7 +135,7 @@ const kv::PrefixMatch& KvCacheManager::computed(Sequence& s) {
   }
   const uint64_t v = version();
   if (s.lookup_version != v) {
-    s.lookup = index_->explain(s.req.ns, s.tokens, s.tokens.size() - 1);
+    s.lookup = explain(s.req.ns, s.tokens);
     s.lookup_version = v;
   }
   return s.lookup;
@@ -142,7 +154,16 @@ size_t KvCacheManager::room_for(Sequence& s) {
 
 kv::PrefixMatch KvCacheManager::attach(Sequence& s) {
   s.table = std::make_unique<kv::BlockTable>(*pool_, this);
-  const kv::PrefixMatch m = index_->match(s.req.ns, s.tokens, s.tokens.size() - 1, *s.table);
+  kv::PrefixMatch m = index_->match(s.req.ns, s.tokens, s.tokens.size() - 1, *s.table);
+  if (window_index_) {
+    // The windowed layers' blocks, up to where the full layers' reach; the full layers keep no
+    // more than they do.
+    s.window_table = std::make_unique<kv::BlockTable>(*pool_, this);
+    const kv::PrefixMatch w =
+        window_index_->match(s.req.ns, s.tokens, m.cached_tokens, *s.window_table);
+    s.table->truncate(w.cached_tokens);
+    m = combine(m, w);
+  }
   s.written = m.cached_tokens;
   s.lookup_version = 0;
   return m;
@@ -151,14 +172,19 @@ kv::PrefixMatch KvCacheManager::attach(Sequence& s) {
 bool KvCacheManager::grow(Sequence& s, size_t tokens) {
   // Under a sliding window the blocks behind the next token's window go first (sealed ones stay
   // cached for other requests), so that a sequence holds no more than its window.
-  s.table->release_before(pool_->geometry().first_needed(s.written));
-  return s.table->reserve(tokens) && s.table->ensure_writable(s.written);
+  const kv::KvGeometry& g = pool_->geometry();
+  s.table->release_before(g.group(0).first_needed(s.written));
+  if (s.window_table) s.window_table->release_before(g.group(1).first_needed(s.written));
+  return s.table->reserve(tokens) && s.table->ensure_writable(s.written) &&
+         (!s.window_table ||
+          (s.window_table->reserve(tokens) && s.window_table->ensure_writable(s.written)));
 }
 
 void KvCacheManager::seal(Sequence& s, bool final) {
   if (!s.table) return;
   const std::vector<kv::IndexedBlock> added =
       index_->insert(s.req.ns, s.tokens, s.written, *s.table, final);
+  if (s.window_table) window_index_->insert(s.req.ns, s.tokens, s.written, *s.window_table, final);
   if (!disk_writer_ && !redis_writer_) return;
   cost_.observe_computed(added.size());
   if (!added.empty()) measure_writes();
@@ -399,17 +425,54 @@ void KvCacheManager::detach(Sequence& s) {
   if (!s.table) return;
   s.table->clear();
   s.table.reset();
+  s.window_table.reset();
   s.written = 0;
 }
 
+std::vector<kv::PrefixIndex*> KvCacheManager::indexes() const {
+  if (window_index_) return {index_.get(), window_index_.get()};
+  return {index_.get()};
+}
+
+kv::PrefixMatch KvCacheManager::combine(const kv::PrefixMatch& full,
+                                        const kv::PrefixMatch& window) const {
+  kv::PrefixMatch m = full;
+  if (window.cached_tokens < full.cached_tokens) {
+    // The full layers' table is cut back to the windowed layers' reach.
+    const kv::KvGeometry& g = pool_->geometry();
+    const size_t kept = std::min(full.shared_blocks, g.blocks_for_tokens(window.cached_tokens));
+    m.cached_tokens = window.cached_tokens;
+    m.copied_tokens = window.copied_tokens;
+    m.shared_unreferenced = std::min(full.shared_unreferenced, kept);
+    m.shared_blocks = kept;
+    m.miss = window.miss;
+  }
+  m.shared_blocks += window.shared_blocks;
+  m.shared_unreferenced += window.shared_unreferenced;
+  return m;
+}
+
 std::optional<kv::BlockId> KvCacheManager::take_block() {
-  if (auto id = index_->take_block()) return id;
-  if (index_->evict(1, /*ignore_pins=*/true) == 0) return std::nullopt;
-  return pool_->allocate();
+  if (auto id = pool_->allocate()) return id;
+  // Unpinned blocks first, least recently used across the indexes; pinned ones last.
+  for (const bool ignore_pins : {false, true}) {
+    kv::PrefixIndex* from = nullptr;
+    std::optional<double> oldest;
+    for (kv::PrefixIndex* index : indexes()) {
+      const std::optional<double> used = index->victim_used_ms(ignore_pins);
+      if (used && (!oldest || *used < *oldest)) {
+        oldest = used;
+        from = index;
+      }
+    }
+    if (from != nullptr && from->evict(1, ignore_pins) == 1) return pool_->allocate();
+  }
+  return std::nullopt;
 }
 
 size_t KvCacheManager::tenant_allowance(const kv::Hash256& ns) const {
-  const size_t pinned = index_->namespace_stats(ns).pinned_blocks;
+  size_t pinned = 0;
+  for (const kv::PrefixIndex* index : indexes()) pinned += index->namespace_stats(ns).pinned_blocks;
   return tenant_cap_ - std::min(tenant_cap_, pinned);
 }
 
@@ -417,44 +480,63 @@ void KvCacheManager::keep_session(const std::string& session_id, const Sequence&
   if (session_id.empty() || !index_->enabled()) return;
   auto it = sessions_.find(session_id);
   if (it != sessions_.end()) {
-    index_->unpin(it->second.lease);
+    unpin(it->second);
     sessions_.erase(it);
   }
   const size_t max_blocks = std::min(options_.session_max_blocks, tenant_allowance(s.req.ns));
   const std::span<const int32_t> kept(s.tokens.data(), std::min(s.written, s.tokens.size()));
   const kv::PinLease lease = index_->pin(s.req.ns, kept, options_.session_ttl_ms, max_blocks);
   if (lease.id == 0) return;
-  sessions_[session_id] = Session{s.req.ns, lease.id, now_ms() + options_.session_ttl_ms};
+  Session session{s.req.ns, lease.id, 0, now_ms() + options_.session_ttl_ms};
+  if (window_index_) {
+    const size_t window_max = std::min(options_.session_max_blocks, tenant_allowance(s.req.ns));
+    session.window_lease =
+        window_index_->pin(s.req.ns, kept, options_.session_ttl_ms, window_max).id;
+  }
+  sessions_[session_id] = session;
+}
+
+void KvCacheManager::unpin(const Session& session) {
+  index_->unpin(session.lease);
+  if (window_index_ && session.window_lease != 0) window_index_->unpin(session.window_lease);
 }
 
 bool KvCacheManager::close_session(const std::string& session_id) {
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return false;
-  index_->unpin(it->second.lease);
+  unpin(it->second);
   sessions_.erase(it);
   return true;
 }
 
 kv::PinLease KvCacheManager::pin(const kv::Hash256& ns, std::span<const int32_t> tokens,
                                  double ttl_ms) {
-  return index_->pin(ns, tokens, ttl_ms, tenant_allowance(ns));
+  const kv::PinLease lease = index_->pin(ns, tokens, ttl_ms, tenant_allowance(ns));
+  // The windowed layers' blocks are pinned as long (their lease ends with its time-to-live).
+  if (window_index_ && lease.id != 0) {
+    window_index_->pin(ns, tokens.first(lease.tokens), ttl_ms, tenant_allowance(ns));
+  }
+  return lease;
 }
 
 void KvCacheManager::expire() {
   const double now = now_ms();
   std::erase_if(sessions_, [&](const auto& entry) { return entry.second.expires_at_ms <= now; });
-  index_->expire_pins();
+  for (kv::PrefixIndex* index : indexes()) index->expire_pins();
 }
 
 kv::PrefixMatch KvCacheManager::explain(const kv::Hash256& ns,
                                         std::span<const int32_t> tokens) const {
-  return index_->explain(ns, tokens, tokens.empty() ? 0 : tokens.size() - 1);
+  const kv::PrefixMatch full = index_->explain(ns, tokens, tokens.empty() ? 0 : tokens.size() - 1);
+  if (!window_index_) return full;
+  return combine(full, window_index_->explain(ns, tokens, full.cached_tokens));
 }
 
 size_t KvCacheManager::flush() {
-  const size_t n = index_->flush();
+  size_t n = 0;
+  for (kv::PrefixIndex* index : indexes()) n += index->flush();
   // A flush ignores pins: the sessions' and pins' blocks are gone, so are their leases.
-  for (const auto& [id, session] : sessions_) index_->unpin(session.lease);
+  for (const auto& [id, session] : sessions_) unpin(session);
   sessions_.clear();
   return n;
 }
@@ -465,13 +547,32 @@ KvCacheCounts KvCacheManager::counts() const {
   k.total = c.total;
   k.free = c.free;
   k.referenced = c.referenced;
-  k.pinned = index_->pinned_unreferenced_blocks();
+  k.pinned = 0;
+  for (const kv::PrefixIndex* index : indexes()) k.pinned += index->pinned_unreferenced_blocks();
   k.cached = c.cached - std::min(c.cached, k.pinned);
   return k;
 }
 
+kv::PrefixIndexStats KvCacheManager::index_stats() const {
+  kv::PrefixIndexStats st = index_->stats();
+  if (window_index_) {
+    // Blocks of both groups; lookups and hits as the full layers' index counts them.
+    const kv::PrefixIndexStats w = window_index_->stats();
+    st.nodes += w.nodes;
+    st.inserted_blocks += w.inserted_blocks;
+    st.evicted_blocks += w.evicted_blocks;
+  }
+  return st;
+}
+
 kv::NamespaceStats KvCacheManager::namespace_stats(const kv::Hash256& ns) const {
-  return index_->namespace_stats(ns);
+  kv::NamespaceStats st = index_->namespace_stats(ns);
+  if (window_index_) {
+    const kv::NamespaceStats w = window_index_->namespace_stats(ns);
+    st.blocks += w.blocks;
+    st.pinned_blocks += w.pinned_blocks;
+  }
+  return st;
 }
 
 }  // namespace kvc::engine

@@ -20,6 +20,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "base/histogram.h"
 #include "engine/cost_model.h"
@@ -132,7 +133,7 @@ class KvCacheManager : public kv::BlockSource {
   kv::PrefixMatch explain(const kv::Hash256& ns, std::span<const int32_t> tokens) const;
   size_t flush();
   KvCacheCounts counts() const;
-  kv::PrefixIndexStats index_stats() const { return index_->stats(); }
+  kv::PrefixIndexStats index_stats() const;
   TierCounts tier_counts() const;
   // Deletes every block of the lower tiers; returns how many.
   size_t flush_tiers();
@@ -154,6 +155,7 @@ class KvCacheManager : public kv::BlockSource {
   struct Session {
     kv::Hash256 ns{};
     uint64_t lease = 0;
+    uint64_t window_lease = 0;  // the windowed layers' blocks, where the pool splits them
     double expires_at_ms = 0;
   };
   uint64_t version() const;
@@ -180,12 +182,20 @@ class KvCacheManager : public kv::BlockSource {
   // tier note.
   void note_returns(Sequence& s, std::span<const kv::Hash256> wanted, size_t in_tiers,
                     size_t first_token);
+  // Ends a session's leases.
+  void unpin(const Session& session);
   // Pinned blocks ns may still add.
   size_t tenant_allowance(const kv::Hash256& ns) const;
+  // The indexes: the full layers', then the windowed layers' where the pool splits them.
+  std::vector<kv::PrefixIndex*> indexes() const;
+  // Combines the full layers' lookup with the windowed layers' (made up to its cached tokens).
+  kv::PrefixMatch combine(const kv::PrefixMatch& full, const kv::PrefixMatch& window) const;
 
   KvCacheOptions options_;
   std::unique_ptr<kv::BlockPool> pool_;
   std::unique_ptr<kv::PrefixIndex> index_;
+  // Where the pool splits windowed layers from full ones: their index, of the same pool.
+  std::unique_ptr<kv::PrefixIndex> window_index_;
   size_t tenant_cap_ = 0;
   std::map<std::string, Session> sessions_;
   // The writer is declared after the store, so it stops (finishing its writes) first.

@@ -25,6 +25,8 @@ struct Sequence {
   std::vector<int32_t> tokens;  // prompt, then sampled tokens; the last may not be written yet
   size_t written = 0;           // tokens whose keys and values are in the table
   std::unique_ptr<kv::BlockTable> table;  // null while waiting
+  // The windowed layers' blocks where the pool splits them from the full ones (Gemma 2).
+  std::unique_ptr<kv::BlockTable> window_table;
   std::unique_ptr<model::Sampler> sampler;
   std::unique_ptr<StopMatcher> stop;
   RequestStats stats;

@@ -91,6 +91,15 @@ size_t BlockTable::release_before(size_t pos) {
   return released;
 }
 
+void BlockTable::truncate(size_t n_tokens) {
+  const size_t keep = pool_->geometry().blocks_for_tokens(n_tokens);
+  while (blocks_.size() > keep) {
+    if (blocks_.size() > first_held_) pool_->release(blocks_.back());
+    blocks_.pop_back();
+  }
+  first_held_ = std::min(first_held_, blocks_.size());
+}
+
 void BlockTable::append_shared(BlockId id) {
   pool_->retain(id);
   blocks_.push_back(id);

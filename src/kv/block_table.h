@@ -43,6 +43,8 @@ class BlockTable {
   void append_owned(BlockId id) { blocks_.push_back(id); }
   // Appends a hole (a block the window no longer needs); only before any block is held.
   void append_hole();
+  // Keeps the blocks that hold the first n_tokens positions and releases the rest.
+  void truncate(size_t n_tokens);
   // Releases the blocks wholly before token position pos; returns how many it released.
   size_t release_before(size_t pos);
   // A second table sharing every block of this one (n > 1 samples from one prompt), with a

@@ -43,7 +43,14 @@ size_t KvGeometry::token_bytes(int kind) const {
 }
 
 size_t KvGeometry::bytes_per_token() const {
-  return (bytes_per_block() + block_tokens - 1) / block_tokens;
+  return (bytes_per_block() + block_tokens - 1) / block_tokens * static_cast<size_t>(groups());
+}
+
+KvGeometry KvGeometry::group(int g) const {
+  KvGeometry out = *this;
+  out.split_window = 0;
+  if (split_window > 0) out.window_tokens = g == 0 ? 0 : split_window;
+  return out;
 }
 
 size_t KvGeometry::bytes_per_block() const {
@@ -60,6 +67,9 @@ size_t KvGeometry::first_needed(size_t pos) const {
 }
 
 size_t KvGeometry::blocks_for_sequence(size_t n, size_t chunk) const {
+  if (split_window > 0) {
+    return group(0).blocks_for_sequence(n, chunk) + group(1).blocks_for_sequence(n, chunk);
+  }
   size_t blocks = blocks_for_tokens(n);
   if (window_tokens > 0) {
     // A step's queries read the window before its first token through its last: a run of
@@ -147,6 +157,10 @@ void KvGeometry::validate() const {
     fail("KV geometry: block size must be 1..4096 tokens, got {}", block_tokens);
   }
   if (window_tokens < 0) fail("KV geometry: sliding window must be >= 0, got {}", window_tokens);
+  if (split_window < 0 || (split_window > 0 && window_tokens > 0)) {
+    fail("KV geometry: a split window ({}) must be >= 0 and comes without a window of every layer",
+         split_window);
+  }
   for (int kind = 0; kind < 2; ++kind) {
     const DType t = dtype(kind);
     const char* what = kind == 0 ? "keys" : "values";

@@ -64,6 +64,15 @@ struct KvGeometry {
   // the keys at p - window_tokens + 1 .. p, so a sequence holds only the blocks that window
   // touches and releases those wholly behind it (kv/block_table.h).
   int window_tokens = 0;
+  // Layers of two kinds (Gemma 2: full attention and a sliding window, alternating): n_layers is
+  // then the layers of one group (the larger), and a sequence holds blocks of this shape for
+  // each group, the second group's sliding over split_window tokens (0: one group).
+  int split_window = 0;
+
+  // Groups of layers a sequence holds blocks for: 1, or 2 with split_window.
+  int groups() const { return split_window > 0 ? 2 : 1; }
+  // The geometry of one group's blocks: the full-attention group (0) or the windowed one (1).
+  KvGeometry group(int g) const;
 
   // The dtype of kind 0 (K) or 1 (V).
   DType dtype(int kind) const { return kind == 0 ? k_dtype : v_dtype; }
@@ -76,8 +85,8 @@ struct KvGeometry {
   size_t token_bytes(int kind) const;
   // Bytes of one block's slab of K (kind 0) or V (kind 1) in one layer.
   size_t slab_bytes(int kind) const;
-  // Bytes of K and V for one token across all layers (bytes_per_block() / block_tokens, rounded
-  // up, where keys are grouped per channel).
+  // Bytes of K and V for one token across all layers of every group (bytes_per_block() /
+  // block_tokens, rounded up where keys are grouped per channel, per group).
   size_t bytes_per_token() const;
   // Bytes of one block: block_tokens tokens, [layer][K|V] slabs laid out by grouping(kind).
   size_t bytes_per_block() const;
@@ -87,7 +96,8 @@ struct KvGeometry {
   size_t first_needed(size_t pos) const;
   // Blocks one sequence of n tokens (n > 0) holds while it runs, computing at most chunk tokens
   // per step: its tokens' (with a window, those the window of a step's first query to its last
-  // token touches) and its open keys'. With chunk 1 (decoding) it is what `kvcache plan` costs.
+  // token touches) and its open keys', summed over the groups. With chunk 1 (decoding) it is
+  // what `kvcache plan` costs.
   size_t blocks_for_sequence(size_t n, size_t chunk = 1) const;
   // Byte offset inside a block of the slab of (layer, kind).
   size_t slab_offset(int layer, int kind) const;

@@ -49,9 +49,11 @@ class Costing {
       if (layer.window > 0) max_window_ = std::max(max_window_, layer.window);
     }
     if (pool_) {
-      // The pool slides every layer by its one window, or keeps every layer in full.
-      max_window_ = static_cast<uint64_t>(pool_->window_tokens);
-      if (max_window_ > 0) min_full_token_bytes_ = std::numeric_limits<uint64_t>::max();
+      // The pool slides every layer by its one window, splits the windowed layers' blocks from
+      // the full ones', or keeps every layer in full.
+      max_window_ = static_cast<uint64_t>(std::max(pool_->window_tokens, pool_->split_window));
+      if (pool_->window_tokens > 0) min_full_token_bytes_ = std::numeric_limits<uint64_t>::max();
+      if (pool_->split_window > 0) min_full_token_bytes_ = pool_->bytes_per_block() / block_tokens_;
     }
     blocked_ = max_window_ == 0 || pool_.has_value();
     if (pool_) {
@@ -83,7 +85,7 @@ class Costing {
   }
 
   Wide exact(uint64_t context) const {
-    if (pool_) {
+    if (pool_ && pool_->split_window == 0) {
       // The tokens the pool keeps: every one, or the last window's.
       const auto window = static_cast<uint64_t>(pool_->window_tokens);
       const Wide bytes =
@@ -166,8 +168,14 @@ AttentionGeometry AttentionGeometry::mla(int n_layers, int latent_dim) {
 }
 
 AttentionGeometry AttentionGeometry::from_kv_geometry(const KvGeometry& geometry) {
-  AttentionGeometry g = uniform(geometry.n_layers, geometry.n_kv_heads, geometry.head_dim);
-  for (auto& layer : g.layers) layer.window = static_cast<uint64_t>(geometry.window_tokens);
+  AttentionGeometry g =
+      uniform(geometry.n_layers * geometry.groups(), geometry.n_kv_heads, geometry.head_dim);
+  // Split: the full group's layers, then the windowed group's.
+  for (size_t i = 0; i < g.layers.size(); ++i) {
+    g.layers[i].window =
+        static_cast<uint64_t>(i < static_cast<size_t>(geometry.n_layers) ? geometry.window_tokens
+                                                                         : geometry.split_window);
+  }
   return g;
 }
 
@@ -178,24 +186,35 @@ std::optional<KvGeometry> AttentionGeometry::pool_geometry(DType k_dtype, DType 
   if (first.kv_heads <= 0 || first.k_head_dim <= 0 || first.k_head_dim != first.v_head_dim) {
     return std::nullopt;
   }
-  // One window on every layer is the pool's sliding window; layers that differ in their windows
-  // (Gemma 2's) are all kept in full, as the pool keeps them.
-  const bool one_window = std::all_of(layers.begin(), layers.end(),
-                                      [&](const auto& l) { return l.window == first.window; });
-  if (first.window > static_cast<uint64_t>(std::numeric_limits<int>::max())) return std::nullopt;
+  // One window on every layer is the pool's sliding window; full layers and layers of one
+  // window (Gemma 2's) are split into two groups of blocks; other mixes are all kept in full.
+  uint64_t window = 0;
+  size_t windowed = 0;
+  bool one_window = true;
+  for (const auto& l : layers) {
+    if (l.window == 0) continue;
+    one_window = one_window && (window == 0 || l.window == window);
+    window = l.window;
+    ++windowed;
+  }
+  if (window > static_cast<uint64_t>(std::numeric_limits<int>::max())) return std::nullopt;
+  const bool split = one_window && windowed > 0 && windowed < layers.size();
+  const bool every = one_window && windowed == layers.size();
+  const size_t group_layers = split ? std::max(windowed, layers.size() - windowed) : layers.size();
   for (const auto& layer : layers) {
     if (layer.latent_dim != 0 || layer.kv_heads != first.kv_heads ||
         layer.k_head_dim != first.k_head_dim || layer.v_head_dim != first.v_head_dim) {
       return std::nullopt;
     }
   }
-  const KvGeometry g{static_cast<int>(layers.size()),
+  const KvGeometry g{static_cast<int>(group_layers),
                      first.kv_heads,
                      first.k_head_dim,
                      block_tokens,
                      k_dtype,
                      v_dtype,
-                     one_window ? static_cast<int>(first.window) : 0};
+                     every ? static_cast<int>(window) : 0,
+                     split ? static_cast<int>(window) : 0};
   try {
     g.validate();
   } catch (const Error&) {

@@ -115,8 +115,10 @@ size_t PrefixIndex::HashKey::operator()(const Hash256& h) const {
 PrefixIndex::PrefixIndex(BlockPool& pool, PrefixIndexOptions options, Clock clock)
     : pool_(pool),
       options_(options),
-      window_(static_cast<size_t>(pool.geometry().window_tokens)),
+      geometry_(pool.geometry().group(0)),
       clock_(std::move(clock)) {
+  if (options_.window_tokens >= 0) geometry_.window_tokens = options_.window_tokens;
+  window_ = static_cast<size_t>(geometry_.window_tokens);
   node_of_block_.assign(pool.num_blocks(), nullptr);
   // A partly filled block's keys grouped per channel are not in it yet, and its first tokens'
   // keys would be quantised with other tokens than a cold run's: such blocks are neither
@@ -165,7 +167,7 @@ PrefixIndex::Walk PrefixIndex::walk(const Hash256& ns, std::span<const int32_t> 
     return w;
   }
   w.space = find_space(ns);
-  const size_t block = pool_.geometry().block_tokens;
+  const size_t block = geometry_.block_tokens;
   if (w.space == nullptr) {
     if (limit == 0) return w;
     w.miss = {MissKind::kCold, 0, 0};
@@ -225,11 +227,11 @@ PrefixIndex::Walk PrefixIndex::walk(const Hash256& ns, std::span<const int32_t> 
 }
 
 size_t PrefixIndex::first_held(size_t cached) const {
-  return pool_.geometry().first_needed(cached) / static_cast<size_t>(pool_.geometry().block_tokens);
+  return geometry_.first_needed(cached) / static_cast<size_t>(geometry_.block_tokens);
 }
 
 size_t PrefixIndex::window_fit(const std::vector<Node*>& path, size_t full) const {
-  const auto bt = static_cast<size_t>(pool_.geometry().block_tokens);
+  const auto bt = static_cast<size_t>(geometry_.block_tokens);
   size_t j = full;
   // A hollow block h rules out every end j > h whose window reaches it; the next end to try is
   // h itself, so each block is looked at about once.
@@ -250,7 +252,7 @@ size_t PrefixIndex::window_fit(const std::vector<Node*>& path, size_t full) cons
 
 bool PrefixIndex::fit_window(Walk& w) const {
   if (window_ == 0) return false;
-  const auto bt = static_cast<size_t>(pool_.geometry().block_tokens);
+  const auto bt = static_cast<size_t>(geometry_.block_tokens);
   const size_t full = w.path.size();
   const size_t reusable = options_.partial_reuse ? w.partial_tokens : 0;
   if (reusable > 0) {
@@ -315,7 +317,7 @@ PrefixMatch PrefixIndex::match(const Hash256& ns, std::span<const int32_t> token
       table.append_shared(w.path[i]->block);
     }
     m.shared_blocks = n - holes;
-    m.cached_tokens = n * static_cast<size_t>(pool_.geometry().block_tokens);
+    m.cached_tokens = n * static_cast<size_t>(geometry_.block_tokens);
     m.last_shared_hash = n == 0 ? Hash256{} : w.path[n - 1]->hash;
   };
   share(w.path.size(), w.full_tokens + reusable);
@@ -368,7 +370,7 @@ PrefixIndex::Node* PrefixIndex::add_child(Space& sp, Node& parent, std::vector<i
   n->parent = &parent;
   n->space = &sp;
   n->block = block;
-  n->partial = key.size() < static_cast<size_t>(pool_.geometry().block_tokens);
+  n->partial = key.size() < static_cast<size_t>(geometry_.block_tokens);
   n->hash = chain_hash(sp.ns, parent.hash, key);
   n->tokens = key;
   n->depth = parent.depth + 1;
@@ -390,7 +392,7 @@ std::vector<IndexedBlock> PrefixIndex::insert(const Hash256& ns, std::span<const
                                               size_t n_tokens, const BlockTable& table,
                                               bool include_partial) {
   std::vector<IndexedBlock> added;
-  insert_blocks(ns, tokens, n_tokens, table, include_partial && !pool_.geometry().keys_by_channel(),
+  insert_blocks(ns, tokens, n_tokens, table, include_partial && !geometry_.keys_by_channel(),
                 added);
   drop_if_empty(find_space(ns));
   return added;
@@ -400,11 +402,11 @@ void PrefixIndex::insert_blocks(const Hash256& ns, std::span<const int32_t> toke
                                 const BlockTable& table, bool include_partial,
                                 std::vector<IndexedBlock>& added) {
   if (!options_.enabled) return;
-  const size_t block = pool_.geometry().block_tokens;
+  const size_t block = geometry_.block_tokens;
   n_tokens = std::min(n_tokens, tokens.size());
-  if (table.blocks().size() < pool_.geometry().blocks_for_tokens(n_tokens)) {
+  if (table.blocks().size() < geometry_.blocks_for_tokens(n_tokens)) {
     fail("insert: {} tokens need {} blocks, the table has {}", n_tokens,
-         pool_.geometry().blocks_for_tokens(n_tokens), table.blocks().size());
+         geometry_.blocks_for_tokens(n_tokens), table.blocks().size());
   }
   Space& sp = space(ns);
   Node* node = &sp.root;
@@ -516,7 +518,7 @@ void PrefixIndex::refill(Node* n, BlockId b) {
 BlockFacts PrefixIndex::facts_of(const Node& n, double now) const {
   BlockFacts f;
   f.hash = n.hash;
-  f.depth_tokens = (n.depth - 1) * static_cast<size_t>(pool_.geometry().block_tokens);
+  f.depth_tokens = (n.depth - 1) * static_cast<size_t>(geometry_.block_tokens);
   f.hits = n.hits;
   f.age_ms = now - n.created_ms;
   f.idle_ms = now - n.used_ms;
@@ -539,6 +541,12 @@ PrefixIndex::Node* PrefixIndex::victim(bool ignore_pins) const {
     if (++seen == options_.value_sample) break;
   }
   return best;
+}
+
+std::optional<double> PrefixIndex::victim_used_ms(bool ignore_pins) const {
+  const Node* n = victim(ignore_pins);
+  if (n == nullptr) return std::nullopt;
+  return n->used_ms;
 }
 
 size_t PrefixIndex::evict(size_t n, bool ignore_pins) {
@@ -632,13 +640,13 @@ PinLease PrefixIndex::pin(const Hash256& ns, std::span<const int32_t> tokens, do
   // are the ones worth keeping (up to max_blocks of them, the last ones).
   const size_t blocks = window_ > 0 ? w.path.size() : std::min(w.path.size(), max_blocks);
   if (blocks == 0 || max_blocks == 0) return {};
-  const size_t first = window_ > 0 ? std::max(first_held(blocks * pool_.geometry().block_tokens),
+  const size_t first = window_ > 0 ? std::max(first_held(blocks * geometry_.block_tokens),
                                               blocks - std::min(blocks, max_blocks))
                                    : 0;
   const uint64_t id = next_lease_++;
   const double until = clock_() + ttl_ms;
   for (size_t i = first; i < blocks; ++i) w.path[i]->pins.emplace_back(id, until);
-  const size_t n_tokens = blocks * static_cast<size_t>(pool_.geometry().block_tokens);
+  const size_t n_tokens = blocks * static_cast<size_t>(geometry_.block_tokens);
   leases_.emplace(
       id, Lease{ns, std::vector<int32_t>(tokens.begin(), tokens.begin() + n_tokens), until});
   return {id, n_tokens};
@@ -712,7 +720,7 @@ size_t PrefixIndex::index_bytes() const {
   // A node, its key, its entry in the parent's map (a red-black tree node of about 48 bytes
   // plus the key vector) and its LRU set entry.
   const size_t per_node = sizeof(Node) + 48 + sizeof(std::vector<int32_t>) +
-                          2 * sizeof(int32_t) * pool_.geometry().block_tokens + 48;
+                          2 * sizeof(int32_t) * geometry_.block_tokens + 48;
   return stats_.nodes * per_node + node_of_block_.size() * sizeof(Node*) +
          ledger_.size() * (sizeof(Hash256) * 2 + sizeof(LedgerEntry) + 16);
 }
@@ -750,6 +758,7 @@ void PrefixIndex::check_invariants() const {
     nodes += in_space;
   }
   if (nodes != stats_.nodes || lru_.size() > nodes) fail("prefix index: node count is off");
+  if (options_.shares_pool) return;
   size_t cacheable_cached = 0;
   for (size_t b = 0; b < node_of_block_.size(); ++b) {
     if (pool_.state(static_cast<BlockId>(b)) == BlockState::kCached) {

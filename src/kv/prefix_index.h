@@ -109,6 +109,12 @@ struct LeavingBlock {
 
 struct PrefixIndexOptions {
   bool enabled = true;
+  // The window the indexed blocks' layers slide over; -1: the pool's (a windowed group of a
+  // split pool passes its own).
+  int window_tokens = -1;
+  // Another index holds blocks of the same pool (a split pool's other group): the pool-wide
+  // accounting is then checked by their owner, not by check_invariants().
+  bool shares_pool = false;
   // Copy the matching part of a partly matching cached block (never with keys grouped per
   // channel, whose partly filled blocks are not indexed).
   bool partial_reuse = true;
@@ -183,6 +189,9 @@ class PrefixIndex : public BlockSource {
   // recently used (or least valuable) first, skipping pinned ones unless ignore_pins (the last
   // resort when nothing else can make room).
   size_t evict(size_t n, bool ignore_pins = false);
+  // When the next eviction's block was last used (ms), nullopt when none is evictable: where
+  // two indexes share a pool, the one whose victim is older gives up a block.
+  std::optional<double> victim_used_ms(bool ignore_pins) const;
   // Evicts every unreferenced block, pinned or not; returns how many.
   size_t flush();
   // A free block, evicting the least recently used unpinned block when none is free.
@@ -265,7 +274,8 @@ class PrefixIndex : public BlockSource {
 
   BlockPool& pool_;
   PrefixIndexOptions options_;
-  size_t window_ = 0;  // the pool's sliding window in tokens (0: none)
+  KvGeometry geometry_;  // the pool's, with this index's window
+  size_t window_ = 0;    // the sliding window in tokens (0: none)
   Clock clock_;
   uint64_t tick_ = 0;
   std::map<Hash256, std::unique_ptr<Space>> spaces_;

@@ -1,5 +1,6 @@
 #include "model/llama_config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "base/error.h"
@@ -113,6 +114,28 @@ LlamaConfig LlamaConfig::from_gguf(const gguf::File& f) {
   }
   c.n_vocab = positive_int(f, "tokenizer.ggml.tokens", f.get_array("tokenizer.ggml.tokens").size());
   return c;
+}
+
+kv::KvGeometry LlamaConfig::kv_cache_geometry(DType k_dtype, DType v_dtype,
+                                              int block_tokens) const {
+  kv::KvGeometry g = kv_geometry(k_dtype, v_dtype, block_tokens);
+  g.window_tokens = kv_window();
+  if (kv_split_window() > 0) {
+    int sliding = 0;
+    for (int l = 0; l < n_layers; ++l) sliding += layer_slides(l) ? 1 : 0;
+    g.n_layers = std::max(sliding, n_layers - sliding);
+    g.split_window = kv_split_window();
+  }
+  g.validate();
+  return g;
+}
+
+std::pair<int, int> LlamaConfig::kv_slot(int l) const {
+  if (kv_split_window() == 0) return {0, l};
+  const bool slides = layer_slides(l);
+  int index = 0;
+  for (int i = 0; i < l; ++i) index += layer_slides(i) == slides ? 1 : 0;
+  return {slides ? 1 : 0, index};
 }
 
 kv::KvGeometry LlamaConfig::kv_geometry(DType k_dtype, DType v_dtype, int block_tokens) const {

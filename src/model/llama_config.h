@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <string>
 
+#include <utility>
 #include "base/dtype.h"
+
 #include "kv/kv_geometry.h"
 
 namespace kvc::gguf {
@@ -76,6 +78,16 @@ struct LlamaConfig {
   // The KV storage shape of this model for given K and V dtypes and block size; throws Error
   // when the pool cannot store the model's heads in a dtype (KvGeometry::validate).
   kv::KvGeometry kv_geometry(DType k_dtype, DType v_dtype, int block_tokens) const;
+  // The KV cache's layout of this model: kv_geometry() with the window of every layer
+  // (kv_window()), or, where only some layers slide (Gemma 2), two groups of blocks of the
+  // larger kind's layer count, the second sliding (KvGeometry::split_window).
+  kv::KvGeometry kv_cache_geometry(DType k_dtype, DType v_dtype, int block_tokens) const;
+  // Where only some layers slide: the window, else 0.
+  int kv_split_window() const {
+    return sliding_window > 0 && sliding_every > 1 ? sliding_window : 0;
+  }
+  // Where layer l's keys and values live in kv_cache_geometry(): its group and its layer there.
+  std::pair<int, int> kv_slot(int l) const;
 };
 
 }  // namespace kvc::model

@@ -223,7 +223,7 @@ struct BlockReaders {
 }  // namespace
 
 void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<const BatchRow> rows,
-                           int layer, std::span<const uint16_t* const> own_keys,
+                           int layer, int kv_layer, std::span<const uint16_t* const> own_keys,
                            ForwardScratch& s) const {
   const LlamaConfig& c = config_;
   const kv::KvGeometry& g = pool.geometry();
@@ -301,8 +301,8 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
             return t0 < n_pos[j] && t0 + bt > first_key[j];
           };
           scores.resize(queries * longest);
-          const kv::KvRun k_run = g.run(layer, 0, kvh);
-          const kv::KvRun v_run = g.run(layer, 1, kvh);
+          const kv::KvRun k_run = g.run(kv_layer, 0, kvh);
+          const kv::KvRun v_run = g.run(kv_layer, 1, kvh);
           // Keys and values of one (layer, kv head) sit at a fixed stride within each block: score
           // and accumulate a block's run of positions at a time, in position order, reading the
           // stored bytes in place whatever their dtype.
@@ -454,7 +454,21 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
                                            ForwardScratch& s) const {
   const LlamaConfig& c = config_;
   const kv::KvGeometry& g = pool.geometry();
-  if (g.n_layers != c.n_layers || g.n_kv_heads != c.n_kv_heads || g.head_dim != c.head_dim) {
+  // Where only some layers slide the pool may split them into two groups of blocks
+  // (LlamaConfig::kv_cache_geometry), each row then holding a table of each.
+  const bool split = g.split_window > 0;
+  int group_layers = c.n_layers;
+  if (split) {
+    if (g.split_window != c.kv_split_window()) {
+      fail("KV pool splits windowed layers at {} tokens but the model's window is {}",
+           g.split_window, c.kv_split_window());
+    }
+    group_layers = 0;
+    for (int l = 0; l < c.n_layers; ++l) {
+      group_layers = std::max(group_layers, c.kv_slot(l).second + 1);
+    }
+  }
+  if (g.n_layers != group_layers || g.n_kv_heads != c.n_kv_heads || g.head_dim != c.head_dim) {
     fail(
         "KV pool geometry ({} layers, {} KV heads, head dim {}) does not match the model "
         "({}, {}, {})",
@@ -471,16 +485,23 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
         static_cast<size_t>(row.pos) >= row.table->capacity_tokens()) {
       fail("position {} is not covered by its sequence's KV blocks", row.pos);
     }
-    // A table releases the blocks behind a window of every layer (KvGeometry::window_tokens);
-    // the keys a row reads must still be held.
-    const size_t first_key =
-        c.kv_window() > 0 && static_cast<size_t>(row.pos) + 1 > static_cast<size_t>(c.kv_window())
-            ? static_cast<size_t>(row.pos) + 1 - static_cast<size_t>(c.kv_window())
-            : 0;
-    if (first_key / static_cast<size_t>(g.block_tokens) < row.table->first_held()) {
-      fail("position {} reads keys from position {}, whose block its sequence has released",
-           row.pos, first_key);
+    if (split && (row.window_table == nullptr || &row.window_table->pool() != &pool ||
+                  static_cast<size_t>(row.pos) >= row.window_table->capacity_tokens())) {
+      fail("position {} is not covered by its sequence's windowed layers' KV blocks", row.pos);
     }
+    // A table releases the blocks behind its layers' window (KvGeometry::window_tokens); the
+    // keys a row reads must still be held.
+    const auto check_held = [&](const kv::BlockTable& table, int window) {
+      const auto p = static_cast<size_t>(row.pos);
+      const auto w = static_cast<size_t>(window);
+      const size_t first_key = w > 0 && p + 1 > w ? p + 1 - w : 0;
+      if (first_key / static_cast<size_t>(g.block_tokens) < table.first_held()) {
+        fail("position {} reads keys from position {}, whose block its sequence has released",
+             row.pos, first_key);
+      }
+    };
+    check_held(*row.table, c.kv_window());
+    if (split) check_held(*row.window_table, c.kv_split_window());
     n_logits += row.want_logits ? 1 : 0;
   }
 
@@ -546,43 +567,57 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
     bool open = false;  // staged in the table's open keys (else scratch area `area`)
     size_t area = 0;
   };
-  std::vector<KeyBlock> key_blocks;
-  std::vector<size_t> key_block_of_row(channel_keys ? n : 0);
-  if (channel_keys) {
+  // The rows as each group of layers sees them: with their full layers' tables, and (split)
+  // with their windowed layers' tables.
+  std::vector<BatchRow> window_rows;
+  if (split) {
+    window_rows.assign(rows.begin(), rows.end());
+    for (BatchRow& row : window_rows) row.table = row.window_table;
+  }
+  const std::span<const BatchRow> group_rows[2] = {rows, window_rows};
+  std::vector<KeyBlock> key_blocks[2];
+  std::vector<size_t> key_block_of_row[2];
+  size_t areas = 0;
+  for (int group = 0; channel_keys && group < (split ? 2 : 1); ++group) {
+    const std::span<const BatchRow> grows = group_rows[group];
+    std::vector<KeyBlock>& blocks = key_blocks[group];
+    key_block_of_row[group].resize(n);
     for (size_t r = 0; r < n; ++r) {
-      const size_t index = static_cast<size_t>(rows[r].pos) / bt;
-      const int slot = static_cast<int>(static_cast<size_t>(rows[r].pos) % bt);
+      const size_t index = static_cast<size_t>(grows[r].pos) / bt;
+      const int slot = static_cast<int>(static_cast<size_t>(grows[r].pos) % bt);
       const auto same = [&](const KeyBlock& b) {
-        return b.table == rows[r].table && b.index == index;
+        return b.table == grows[r].table && b.index == index;
       };
-      auto it = std::find_if(key_blocks.begin(), key_blocks.end(), same);
-      if (it == key_blocks.end()) {
-        const bool table_seen =
-            std::any_of(key_blocks.begin(), key_blocks.end(),
-                        [&](const KeyBlock& b) { return b.table == rows[r].table; });
-        if (rows[r].table->open_key_blocks().size() != g.open_key_blocks()) {
+      auto it = std::find_if(blocks.begin(), blocks.end(), same);
+      if (it == blocks.end()) {
+        const bool table_seen = std::any_of(blocks.begin(), blocks.end(), [&](const KeyBlock& b) {
+          return b.table == grows[r].table;
+        });
+        if (grows[r].table->open_key_blocks().size() != g.open_key_blocks()) {
           fail("a sequence's table holds no open-key blocks for its quantised keys (reserve it)");
         }
-        key_blocks.push_back({rows[r].table, index, slot, !table_seen, 0});
-        it = std::prev(key_blocks.end());
+        blocks.push_back({grows[r].table, index, slot, !table_seen, 0});
+        it = std::prev(blocks.end());
       }
       it->last_slot = std::max(it->last_slot, slot);
-      key_block_of_row[r] = static_cast<size_t>(it - key_blocks.begin());
+      key_block_of_row[group][r] = static_cast<size_t>(it - blocks.begin());
     }
-    size_t areas = 0;
-    for (KeyBlock& b : key_blocks) {
+    for (KeyBlock& b : blocks) {
       if (!b.open) b.area = areas++;
     }
-    s.staged_keys.resize(areas * g.open_layer_bytes() / sizeof(uint16_t));
   }
+  if (channel_keys) s.staged_keys.resize(areas * g.open_layer_bytes() / sizeof(uint16_t));
   const size_t head_keys = bt * static_cast<size_t>(c.head_dim);  // one head's staged keys
   std::vector<const uint16_t*> own_keys(channel_keys ? n : 0);
-  const auto staged = [&](const KeyBlock& b, int layer) {
-    return b.open ? b.table->open_keys(layer)
+  const auto staged = [&](const KeyBlock& b, int kv_layer) {
+    return b.open ? b.table->open_keys(kv_layer)
                   : s.staged_keys.data() + b.area * c.n_kv_heads * head_keys;
   };
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
+    const auto [group, kl] = split ? c.kv_slot(l) : std::pair{0, l};
+    const std::span<const BatchRow> grows = group_rows[group];
+    const std::vector<KeyBlock>& blocks = key_blocks[group];
     norm_rows(w.attn_norm);
     matmul(threads, w.wq, s.xb.data(), n, s.q.data(), s.activations);
     matmul(threads, w.wk, s.xb.data(), n, s.k.data(), s.activations);
@@ -601,39 +636,39 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
       }
       apply_rope(q, c.n_heads, c.head_dim, c.n_rot, c.rope_layout, cs, sn);
       apply_rope(k, c.n_kv_heads, c.head_dim, c.n_rot, c.rope_layout, cs, sn);
-      const kv::BlockTable& table = *rows[r].table;
+      const kv::BlockTable& table = *grows[r].table;
       uint8_t* block = pool.data(table.block_of(rows[r].pos));
       const int slot = table.slot_of(rows[r].pos);
       if (channel_keys) {
-        uint16_t* keys = staged(key_blocks[key_block_of_row[r]], l);
+        uint16_t* keys = staged(blocks[key_block_of_row[group][r]], kl);
         for (int h = 0; h < c.n_kv_heads; ++h) {
           kernels::quantize(DType::F16, k + h * c.head_dim,
                             reinterpret_cast<uint8_t*>(keys + h * head_keys + slot * c.head_dim),
                             static_cast<size_t>(c.head_dim));
         }
       } else {
-        g.store_token(block, l, 0, slot, k);
+        g.store_token(block, kl, 0, slot, k);
       }
-      g.store_token(block, l, 1, slot, &s.v[r * c.kv_dim()]);
+      g.store_token(block, kl, 1, slot, &s.v[r * c.kv_dim()]);
     }
     if (channel_keys) {
-      for (const KeyBlock& b : key_blocks) {
+      for (const KeyBlock& b : blocks) {
         if (b.last_slot + 1 == g.block_tokens) {
-          g.store_block_keys(pool.data(b.table->blocks()[b.index]), l, staged(b, l));
+          g.store_block_keys(pool.data(b.table->blocks()[b.index]), kl, staged(b, kl));
         }
       }
-      for (size_t r = 0; r < n; ++r) own_keys[r] = staged(key_blocks[key_block_of_row[r]], l);
+      for (size_t r = 0; r < n; ++r) own_keys[r] = staged(blocks[key_block_of_row[group][r]], kl);
     }
-    attention(threads, pool, rows, l, own_keys, s);
+    attention(threads, pool, grows, l, kl, own_keys, s);
     // A sequence's last block still partly filled keeps its keys in the open keys.
-    for (size_t i = 0; i < key_blocks.size(); ++i) {
-      const KeyBlock& b = key_blocks[i];
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const KeyBlock& b = blocks[i];
       const bool last =
-          std::none_of(key_blocks.begin() + static_cast<std::ptrdiff_t>(i) + 1, key_blocks.end(),
+          std::none_of(blocks.begin() + static_cast<std::ptrdiff_t>(i) + 1, blocks.end(),
                        [&](const KeyBlock& o) { return o.table == b.table; });
       if (!last || b.open || b.last_slot + 1 == g.block_tokens) continue;
-      const uint16_t* from = staged(b, l);
-      uint16_t* to = b.table->open_keys(l);
+      const uint16_t* from = staged(b, kl);
+      uint16_t* to = b.table->open_keys(kl);
       for (int h = 0; h < c.n_kv_heads; ++h) {
         std::copy_n(from + h * head_keys, (b.last_slot + 1) * c.head_dim, to + h * head_keys);
       }

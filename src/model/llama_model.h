@@ -29,6 +29,9 @@ struct BatchRow {
   int32_t pos = 0;                        // its position in the sequence
   const kv::BlockTable* table = nullptr;  // blocks covering positions [0, pos]
   bool want_logits = false;               // whether to compute this row's logits
+  // Where the pool splits windowed layers from full ones (KvGeometry::split_window): the
+  // blocks of the windowed layers, table holding the full layers'.
+  const kv::BlockTable* window_table = nullptr;
 };
 
 // Working memory of forward passes, reused between calls to avoid reallocation.
@@ -80,8 +83,11 @@ class LlamaModel {
   std::vector<float> vector(const std::string& name, size_t n) const;
   // own_keys: per row, where keys are grouped per channel, its own block's f16 keys of this
   // layer, [kv_head][slot][head_dim] (empty otherwise).
+  // kv_layer: where layer's keys and values sit in the rows' tables' blocks (its index in its
+  // group of layers, LlamaConfig::kv_slot).
   void attention(ThreadPool& threads, kv::BlockPool& pool, std::span<const BatchRow> rows,
-                 int layer, std::span<const uint16_t* const> own_keys, ForwardScratch& s) const;
+                 int layer, int kv_layer, std::span<const uint16_t* const> own_keys,
+                 ForwardScratch& s) const;
 
   std::shared_ptr<const gguf::File> file_;
   LlamaConfig config_;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -24,25 +25,35 @@ using kvc::testing::Generator;
 constexpr int kWindow = 40;
 constexpr int kBlockTokens = 16;
 
-std::string windowed_model_path() {
-  static const std::string path = [] {
+// A synthetic model with a 40-token window: every layer of a llama (Mistral style) file, the
+// even layers of a gemma2 one.
+std::string windowed_model_path(const std::string& arch = "llama") {
+  static std::map<std::string, std::string> paths;
+  auto& path = paths[arch];
+  if (path.empty()) {
     model::SyntheticOptions o;
-    o.arch = "llama";
+    o.arch = arch;
     o.sliding_window = kWindow;
-    const std::string p = (testing::scratch_dir() / "llama-window-40.gguf").string();
-    model::write_synthetic_model(o, p);
-    return p;
-  }();
+    path = (testing::scratch_dir() / (arch + "-window-40.gguf")).string();
+    model::write_synthetic_model(o, path);
+  }
   return path;
 }
 
-EngineOptions windowed_options(const model::LlamaModel& model, size_t pool_blocks) {
+// Blocks of 16 tokens; 32 for quantised keys (grouped per channel across 32 tokens).
+int block_tokens(DType kv) {
+  return block_elements(kv) > 1 ? 32 : kBlockTokens;
+}
+
+EngineOptions windowed_options(const model::LlamaModel& model, size_t pool_blocks,
+                               DType kv = DType::F16) {
   EngineOptions o;
   o.threads = 2;
-  o.block_tokens = kBlockTokens;
+  o.block_tokens = block_tokens(kv);
+  o.kv_k_dtype = o.kv_v_dtype = kv;
   o.max_batch_tokens = 32;
   o.max_running = 4;
-  const kv::KvGeometry g = model.config().kv_geometry(DType::F16, DType::F16, kBlockTokens);
+  const kv::KvGeometry g = model.config().kv_cache_geometry(kv, kv, block_tokens(kv));
   o.kv_memory_bytes = g.bytes_per_block() * pool_blocks;
   return o;
 }
@@ -54,9 +65,9 @@ struct Reference {
 };
 
 Reference solo_run(const model::LlamaModel& model, const std::vector<int32_t>& prompt,
-                   int max_tokens) {
-  const kv::KvGeometry g = model.config().kv_geometry(DType::F16, DType::F16, kBlockTokens);
-  kv::BlockPool pool(g, g.bytes_per_block() * g.blocks_for_tokens(prompt.size() + max_tokens));
+                   int max_tokens, DType kv = DType::F16) {
+  const kv::KvGeometry g = model.config().kv_geometry(kv, kv, block_tokens(kv));
+  kv::BlockPool pool(g, g.bytes_per_block() * g.blocks_for_sequence(prompt.size() + max_tokens));
   ThreadPool threads(1);
   Generator solo(model, pool, threads);
   GenerationOptions go;
@@ -141,11 +152,13 @@ TEST(EngineWindow, APoolTooSmallForAWholeChunksReachRunsShorterChunks) {
   }
 }
 
-TEST(EngineWindow, HitsThroughEvictedBlocksAndBatchesUnderPressureChangeNoBit) {
-  Loaded m(windowed_model_path());
+// Eight requests, most sharing a 100-token prompt, in a pool too small for all at once: every
+// answer is bit-identical to a solo run that keeps every block.
+void expect_pressure_changes_no_bit(const std::string& path, size_t pool_blocks,
+                                    DType kv = DType::F16) {
+  Loaded m(path);
   const int n_vocab = m.model->config().n_vocab;
-  // 14 blocks: four sequences of 6 blocks each at their widest cannot all run at once.
-  Engine engine(*m.model, *m.tokenizer, windowed_options(*m.model, 14));
+  Engine engine(*m.model, *m.tokenizer, windowed_options(*m.model, pool_blocks, kv));
   model::Rng rng(11);
   const auto shared = random_prompt(rng, n_vocab, 100);
   std::vector<Request> requests;
@@ -163,7 +176,7 @@ TEST(EngineWindow, HitsThroughEvictedBlocksAndBatchesUnderPressureChangeNoBit) {
   size_t longest_hit = 0;
   int preemptions = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
-    expect_same_answer(outcomes[i], solo_run(*m.model, requests[i].prompt, 60),
+    expect_same_answer(outcomes[i], solo_run(*m.model, requests[i].prompt, 60, kv),
                        "request " + std::to_string(i));
     longest_hit = std::max(longest_hit, outcomes[i].stats.cached_tokens);
     preemptions += outcomes[i].stats.preemptions;
@@ -176,12 +189,55 @@ TEST(EngineWindow, HitsThroughEvictedBlocksAndBatchesUnderPressureChangeNoBit) {
   // usable is reused, and the answer is the same.
   Request again = requests.front();
   const Outcome repeat = complete(engine, again);
-  expect_same_answer(repeat, solo_run(*m.model, again.prompt, 60), "the repeat");
+  expect_same_answer(repeat, solo_run(*m.model, again.prompt, 60, kv), "the repeat");
   if (repeat.stats.cached_tokens + 1 < again.prompt.size()) {
     EXPECT_NE(repeat.stats.miss.kind, kv::MissKind::kNone);
   }
   const EngineStats s = engine.stats();
   EXPECT_EQ(s.blocks.referenced, 0u);
+  engine.flush_cache();
+  EXPECT_EQ(engine.stats().blocks.free, engine.num_blocks());
+}
+
+TEST(EngineWindow, HitsThroughEvictedBlocksAndBatchesUnderPressureChangeNoBit) {
+  // 14 blocks: four sequences of 6 blocks each at their widest cannot all run at once.
+  expect_pressure_changes_no_bit(windowed_model_path(), 14);
+}
+
+TEST(EngineWindow, Gemma2HitsAndBatchesUnderPressureChangeNoBit) {
+  // Each sequence: up to 11 full-layer blocks and 6 windowed-layer ones.
+  expect_pressure_changes_no_bit(windowed_model_path("gemma2"), 40);
+  // Quantised keys, held as f16 in each group's open-key blocks until a block is full.
+  expect_pressure_changes_no_bit(windowed_model_path("gemma2"), 26, DType::Q8_0);
+  expect_pressure_changes_no_bit(windowed_model_path(), 14, DType::Q8_0);
+}
+
+// Gemma 2: the windowed layers' blocks are split from the full layers' and slide, as the plan
+// says, so a long generation holds about half of what keeping every layer would.
+TEST(EngineWindow, Gemma2HoldsEveryTokenOfItsFullLayersAndTheWindowOfTheOthers) {
+  Loaded m(windowed_model_path("gemma2"));
+  const model::LlamaConfig& c = m.model->config();
+  ASSERT_EQ(c.kv_split_window(), kWindow);
+  Engine engine(*m.model, *m.tokenizer, windowed_options(*m.model, 24));
+  const kv::KvGeometry& g = engine.geometry();
+  EXPECT_EQ(g.split_window, kWindow);
+  EXPECT_EQ(g.n_layers, c.n_layers / 2);
+  model::Rng rng(5);
+  const auto prompt = random_prompt(rng, c.n_vocab, 60);
+  Request r = greedy(prompt, 200);
+  r.record_logits = true;
+  const Outcome out = complete(engine, r);
+  expect_same_answer(out, solo_run(*m.model, prompt, 200), "a 260-token gemma2 generation");
+  kv::PlanOptions po;
+  po.block_tokens = kBlockTokens;
+  po.contexts = {260};
+  const kv::MemoryPlan plan = kv::plan_memory(kv::AttentionGeometry::from_kv_geometry(g), po);
+  // 17 blocks of the full layers (259 tokens written) and 4 of the windowed ones.
+  EXPECT_EQ(*plan.requests[0].blocks, 17u + 4u);
+  EXPECT_EQ(out.stats.kv_blocks, *plan.requests[0].blocks);
+  const kv::KvGeometry whole = c.kv_geometry(DType::F16, DType::F16, kBlockTokens);
+  EXPECT_EQ(plan.requests[0].allocated_bytes * 34,
+            whole.blocks_for_sequence(260) * whole.bytes_per_block() * 21);
   engine.flush_cache();
   EXPECT_EQ(engine.stats().blocks.free, engine.num_blocks());
 }

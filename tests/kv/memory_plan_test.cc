@@ -198,12 +198,41 @@ TEST(MemoryPlan, OneWindowOnEveryLayerIsThePoolsWindow) {
   EXPECT_EQ(*p.requests[1].blocks, pool->blocks_for_sequence(131072));
 }
 
-TEST(MemoryPlan, LayersOfDifferentWindowsAreAllKeptInFullAsThePoolKeepsThem) {
+TEST(MemoryPlan, WindowedLayersAmongFullOnesHaveBlocksOfTheirOwn) {
   AttentionGeometry g = AttentionGeometry::uniform(2, 8, 128);
   g.layers[1].window = 4096;  // Gemma 2's interleaving
   const auto pool = g.pool_geometry(DType::F16, DType::F16, 16);
   ASSERT_TRUE(pool.has_value());
+  EXPECT_EQ(pool->n_layers, 1);
   EXPECT_EQ(pool->window_tokens, 0);
+  EXPECT_EQ(pool->split_window, 4096);
+  const MemoryPlan p = plan(g, DType::F16, {1000, 131072});
+  const uint64_t block = 2 * 8 * 128 * 2 * 16;  // one layer's K and V of 16 tokens
+  EXPECT_EQ(p.bytes_per_block, block);
+  EXPECT_EQ(p.bytes_per_token, 2 * block / 16);
+  EXPECT_EQ(*p.requests[0].blocks, 63u + 63u);
+  EXPECT_EQ(*p.requests[1].blocks, 131072u / 16 + 257u);
+  EXPECT_EQ(*p.requests[1].blocks, pool->blocks_for_sequence(131072));
+  EXPECT_EQ(p.requests[1].allocated_bytes, (131072 / 16 + 257) * block);
+  EXPECT_EQ(p.requests[1].exact_bytes, (131072 + 4096) * block / 16);
+  // Three layers, two windowed: groups of two layers, the full one padded.
+  g.layers.push_back(g.layers[1]);
+  const auto padded = g.pool_geometry(DType::F16, DType::F16, 16);
+  ASSERT_TRUE(padded.has_value());
+  EXPECT_EQ(padded->n_layers, 2);
+  const MemoryPlan q = plan(g, DType::F16, {131072});
+  EXPECT_EQ(q.requests[0].allocated_bytes, (131072 / 16 + 257) * 2 * block);
+  EXPECT_EQ(q.requests[0].exact_bytes, (131072 + 2 * 4096) * block / 16);
+}
+
+TEST(MemoryPlan, LayersOfDifferentWindowsAreAllKeptInFullAsThePoolKeepsThem) {
+  AttentionGeometry g = AttentionGeometry::uniform(3, 8, 128);
+  g.layers[1].window = 4096;
+  g.layers[2].window = 1024;
+  const auto pool = g.pool_geometry(DType::F16, DType::F16, 16);
+  ASSERT_TRUE(pool.has_value());
+  EXPECT_EQ(pool->window_tokens, 0);
+  EXPECT_EQ(pool->split_window, 0);
   const MemoryPlan p = plan(g, DType::F16, {131072});
   EXPECT_EQ(*p.requests[0].blocks, 131072u / 16);
   EXPECT_EQ(p.requests[0].allocated_bytes, 131072 * pool->bytes_per_token());
