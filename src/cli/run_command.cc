@@ -201,18 +201,23 @@ void run(const RunArgs& a) {
                  s.generated_tokens, decode_steps, s.decode_ms, rate(decode_steps, s.decode_ms),
                  engine::finish_reason_name(s.finish_reason));
     const size_t used_tokens = s.prompt_tokens + decode_steps;
-    // Under a sliding window only the last window's tokens are kept.
-    const auto window = static_cast<size_t>(engine.geometry().window_tokens);
-    const size_t held_tokens = window > 0 ? std::min(used_tokens, window) : used_tokens;
+    // Under a sliding window the windowed layers keep only the last window's tokens.
+    const kv::KvGeometry& g = engine.geometry();
+    kv::PlanOptions po;
+    po.k_dtype = g.k_dtype;
+    po.v_dtype = g.v_dtype;
+    po.block_tokens = g.block_tokens;
+    po.contexts = {used_tokens};
+    const kv::RequestFigures f =
+        kv::plan_memory(kv::AttentionGeometry::from_kv_geometry(g), po).requests.front();
+    const int window = std::max(g.window_tokens, g.split_window);
     const std::string held =
-        held_tokens == used_tokens
-            ? fmt::format("{} tokens", used_tokens)
-            : fmt::format("{} tokens, the window's last {}", used_tokens, held_tokens);
-    std::fprintf(stderr,
-                 "KV used: %zu blocks = %zu bytes (%s x %zu bytes/token = %zu bytes of keys "
-                 "and values)\n",
-                 s.kv_blocks, s.kv_blocks * geometry.bytes_per_block(), held.c_str(),
-                 geometry.bytes_per_token(), held_tokens * geometry.bytes_per_token());
+        window > 0 && used_tokens > static_cast<size_t>(window)
+            ? fmt::format("{} tokens, the windowed layers' last {}", used_tokens, window)
+            : fmt::format("{} tokens", used_tokens);
+    std::fprintf(stderr, "KV used: %zu blocks = %zu bytes (%s: %zu bytes of keys and values)\n",
+                 s.kv_blocks, s.kv_blocks * g.bytes_per_block(), held.c_str(),
+                 static_cast<size_t>(f.exact_bytes));
   }
 }
 

@@ -309,7 +309,9 @@ MemoryPlan plan_memory(const AttentionGeometry& geometry, const PlanOptions& opt
     plan.kv_budget_bytes = kv;
     plan.pool_blocks = kv / plan.bytes_per_block;
     plan.pool_bytes = *plan.pool_blocks * plan.bytes_per_block;
-    plan.pool_tokens = *plan.pool_blocks * static_cast<uint64_t>(plan.block_tokens);
+    // Where windowed layers have blocks of their own, a token takes a block slot in each group.
+    const uint64_t groups = cost.pool() ? static_cast<uint64_t>(cost.pool()->groups()) : 1;
+    plan.pool_tokens = *plan.pool_blocks * static_cast<uint64_t>(plan.block_tokens) / groups;
   }
 
   for (uint64_t context : options.contexts) {

@@ -110,7 +110,7 @@ struct MemoryPlan {
   std::optional<uint64_t> kv_budget_bytes;  // what the budget leaves for the KV cache
   std::optional<uint64_t> pool_blocks;      // whole blocks in kv_budget_bytes
   std::optional<uint64_t> pool_bytes;       // pool_blocks * bytes_per_block
-  std::optional<uint64_t> pool_tokens;      // pool_blocks * block_tokens
+  std::optional<uint64_t> pool_tokens;      // pool_blocks * block_tokens (/ 2 when split)
   std::vector<RequestFigures> requests;     // one per context
   std::vector<CellFigures> cells;           // context-major, one per (context, concurrency)
   std::vector<ConcurrencyFigures> limits;   // one per concurrency
