@@ -94,32 +94,44 @@ void expect_same_answer(const Outcome& got, const Reference& want, const std::st
   }
 }
 
+// A greedy request of a random prompt through the engine, checked against a solo run.
+Outcome expect_solo_answer(Engine& engine, const model::LlamaModel& model, uint64_t seed,
+                           size_t prompt_tokens, int max_tokens, const std::string& what) {
+  model::Rng rng(seed);
+  const auto prompt = random_prompt(rng, model.config().n_vocab, prompt_tokens);
+  Request r = greedy(prompt, max_tokens);
+  r.record_logits = true;
+  Outcome out = complete(engine, r);
+  expect_same_answer(out, solo_run(model, prompt, max_tokens), what);
+  return out;
+}
+
+// What `kvcache plan` says one request of context tokens takes in the engine's pool.
+kv::RequestFigures planned(const kv::KvGeometry& g, uint64_t context) {
+  kv::PlanOptions po;
+  po.k_dtype = g.k_dtype;
+  po.v_dtype = g.v_dtype;
+  po.block_tokens = g.block_tokens;
+  po.contexts = {context};
+  return kv::plan_memory(kv::AttentionGeometry::from_kv_geometry(g), po).requests.front();
+}
+
 TEST(EngineWindow, AGenerationLongerThanThePoolHoldsOnlyItsWindowAsPlanned) {
   Loaded m(windowed_model_path());
   ASSERT_EQ(m.model->config().kv_window(), kWindow);
   // 8 blocks of 16 tokens: 128 tokens, less than the 260 this request reaches.
   Engine engine(*m.model, *m.tokenizer, windowed_options(*m.model, 8));
   EXPECT_EQ(engine.geometry().window_tokens, kWindow);
-  model::Rng rng(5);
-  const auto prompt = random_prompt(rng, m.model->config().n_vocab, 60);
-  Request r = greedy(prompt, 200);
-  r.record_logits = true;
-  const Outcome out = complete(engine, r);
-  expect_same_answer(out, solo_run(*m.model, prompt, 200), "a 260-token generation");
+  const Outcome out = expect_solo_answer(engine, *m.model, 5, 60, 200, "a 260-token generation");
   EXPECT_EQ(out.stats.preemptions, 0);
 
   // Its last step wrote position 258 and read positions 219..258: blocks 13 to 16, the most a
   // 40-token window over 16-token blocks can touch (ceil(39 / 16) + 1) and what the plan says.
-  kv::PlanOptions po;
-  po.block_tokens = kBlockTokens;
-  po.contexts = {260};
-  const kv::MemoryPlan plan =
-      kv::plan_memory(kv::AttentionGeometry::from_kv_geometry(engine.geometry()), po);
-  ASSERT_TRUE(plan.requests[0].blocks.has_value());
-  EXPECT_EQ(*plan.requests[0].blocks, 4u);
-  EXPECT_EQ(out.stats.kv_blocks, *plan.requests[0].blocks);
-  EXPECT_EQ(plan.requests[0].allocated_bytes,
-            out.stats.kv_blocks * engine.geometry().bytes_per_block());
+  const kv::RequestFigures plan = planned(engine.geometry(), 260);
+  ASSERT_TRUE(plan.blocks.has_value());
+  EXPECT_EQ(*plan.blocks, 4u);
+  EXPECT_EQ(out.stats.kv_blocks, *plan.blocks);
+  EXPECT_EQ(plan.allocated_bytes, out.stats.kv_blocks * engine.geometry().bytes_per_block());
 
   const EngineStats s = engine.stats();
   EXPECT_EQ(s.blocks.referenced, 0u);
@@ -133,19 +145,14 @@ TEST(EngineWindow, APoolTooSmallForAWholeChunksReachRunsShorterChunks) {
   EngineOptions o = windowed_options(*m.model, 6);  // a decode reads 4 blocks at most
   o.max_batch_tokens = 512;                         // a 150-token chunk would reach over 12 blocks
   Engine engine(*m.model, *m.tokenizer, o);
-  model::Rng rng(7);
-  const auto prompt = random_prompt(rng, m.model->config().n_vocab, 150);
-  Request r = greedy(prompt, 30);
-  r.record_logits = true;
-  const Outcome out = complete(engine, r);
-  expect_same_answer(out, solo_run(*m.model, prompt, 30), "a prompt prefilled in short chunks");
+  expect_solo_answer(engine, *m.model, 7, 150, 30, "a prompt prefilled in short chunks");
   // A request the pool cannot hold even one token at a time is refused at once.
   const kv::KvGeometry& g = engine.geometry();
   EXPECT_EQ(g.blocks_for_sequence(100000), 4u);
   o.kv_memory_bytes = g.bytes_per_block() * 3;
   Engine tiny(*m.model, *m.tokenizer, o);
   try {
-    complete(tiny, greedy(prompt, 30));
+    complete(tiny, greedy(std::vector<int32_t>(150, 5), 30));
     FAIL() << "a request needing 4 blocks was accepted by a 3-block pool";
   } catch (const RequestError& e) {
     EXPECT_EQ(e.kind(), RequestErrorKind::kTooLarge) << e.what();
@@ -222,21 +229,14 @@ TEST(EngineWindow, Gemma2HoldsEveryTokenOfItsFullLayersAndTheWindowOfTheOthers) 
   const kv::KvGeometry& g = engine.geometry();
   EXPECT_EQ(g.split_window, kWindow);
   EXPECT_EQ(g.n_layers, c.n_layers / 2);
-  model::Rng rng(5);
-  const auto prompt = random_prompt(rng, c.n_vocab, 60);
-  Request r = greedy(prompt, 200);
-  r.record_logits = true;
-  const Outcome out = complete(engine, r);
-  expect_same_answer(out, solo_run(*m.model, prompt, 200), "a 260-token gemma2 generation");
-  kv::PlanOptions po;
-  po.block_tokens = kBlockTokens;
-  po.contexts = {260};
-  const kv::MemoryPlan plan = kv::plan_memory(kv::AttentionGeometry::from_kv_geometry(g), po);
+  const Outcome out =
+      expect_solo_answer(engine, *m.model, 5, 60, 200, "a 260-token gemma2 generation");
+  const kv::RequestFigures plan = planned(g, 260);
   // 17 blocks of the full layers (259 tokens written) and 4 of the windowed ones.
-  EXPECT_EQ(*plan.requests[0].blocks, 17u + 4u);
-  EXPECT_EQ(out.stats.kv_blocks, *plan.requests[0].blocks);
+  EXPECT_EQ(*plan.blocks, 17u + 4u);
+  EXPECT_EQ(out.stats.kv_blocks, *plan.blocks);
   const kv::KvGeometry whole = c.kv_geometry(DType::F16, DType::F16, kBlockTokens);
-  EXPECT_EQ(plan.requests[0].allocated_bytes * 34,
+  EXPECT_EQ(plan.allocated_bytes * 34,
             whole.blocks_for_sequence(260) * whole.bytes_per_block() * 21);
   engine.flush_cache();
   EXPECT_EQ(engine.stats().blocks.free, engine.num_blocks());
