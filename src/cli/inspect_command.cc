@@ -8,8 +8,10 @@
 #include "base/byte_size.h"
 #include "base/error.h"
 #include "cli/commands.h"
+#include "kv/memory_plan.h"
 #include "model/gguf.h"
 #include "model/llama_config.h"
+#include "model/model_geometry.h"
 #include "model/tokenizer.h"
 
 namespace kvc::cli {
@@ -148,10 +150,21 @@ void inspect(const std::string& path, bool all_tensors) {
                   std::string(dtype_name(t)).c_str(), config->n_kv_heads, config->head_dim);
       continue;
     }
-    std::printf("  %-5s %8zu B/token  %s at the full context of %d tokens\n",
+    // Windowed layers keep at most their window's tokens (what `kvcache plan` costs).
+    uint64_t full_context = g.bytes_per_token() * static_cast<uint64_t>(config->context_length);
+    if (config->sliding_window > 0) {
+      kv::PlanOptions po;
+      po.k_dtype = po.v_dtype = t;
+      po.block_tokens = g.block_tokens;
+      po.contexts = {static_cast<uint64_t>(config->context_length)};
+      full_context = kv::plan_memory(model::geometry_from_gguf(*file).attention, po)
+                         .requests.front()
+                         .exact_bytes;
+    }
+    std::printf("  %-5s %8zu B/token  %s at the full context of %d tokens%s\n",
                 std::string(dtype_name(t)).c_str(), g.bytes_per_token(),
-                format_bytes(g.bytes_per_token() * config->context_length).c_str(),
-                config->context_length);
+                format_bytes(full_context).c_str(), config->context_length,
+                config->sliding_window > 0 ? " (windowed layers: their window)" : "");
   }
 }
 
