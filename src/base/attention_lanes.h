@@ -37,16 +37,19 @@ void accumulate_f16_panels(const float* p, const uint16_t* v, size_t n, size_t h
 }
 
 // accumulate_f16 for G queries over the same rows, panel of kPanel vectors starting at c0: each
-// row's conversion serves them all while their outputs stay in registers.
+// row's conversion serves them all while their outputs stay in registers. The same panel of row
+// t at ahead (unless null) is requested as row t is read.
 template <class Lanes, int kPanel, int G>
 void accumulate_f16_group(const float* const* p, const uint16_t* v, size_t n, size_t hd, size_t c0,
-                          float* const* out) {
+                          float* const* out, const uint16_t* ahead) {
   constexpr size_t kWidth = Lanes::kWidth;
   typename Lanes::Vec o[G][kPanel];
   for (int j = 0; j < G; ++j)
     for (int c = 0; c < kPanel; ++c) o[j][c] = Lanes::load(out[j] + c0 + kWidth * c);
   for (size_t t = 0; t < n; ++t) {
     const uint16_t* row = v + t * hd + c0;
+    prefetch_lines(ahead, (t * hd + c0) * sizeof(uint16_t),
+                   (t * hd + c0 + kPanel * kWidth) * sizeof(uint16_t));
     typename Lanes::Vec x[kPanel];
     for (int c = 0; c < kPanel; ++c) x[c] = Lanes::load_f16(row + kWidth * c);
     for (int j = 0; j < G; ++j) {
@@ -61,27 +64,29 @@ void accumulate_f16_group(const float* const* p, const uint16_t* v, size_t n, si
 // The last rest < G queries as one group of that many.
 template <class Lanes, int kPanel, int G>
 void accumulate_f16_rest(size_t rest, const float* const* p, const uint16_t* v, size_t n, size_t hd,
-                         size_t c0, float* const* out) {
+                         size_t c0, float* const* out, const uint16_t* ahead) {
   if constexpr (G > 1) {
     if (rest == G - 1) {
-      accumulate_f16_group<Lanes, kPanel, G - 1>(p, v, n, hd, c0, out);
+      accumulate_f16_group<Lanes, kPanel, G - 1>(p, v, n, hd, c0, out, ahead);
     } else {
-      accumulate_f16_rest<Lanes, kPanel, G - 1>(rest, p, v, n, hd, c0, out);
+      accumulate_f16_rest<Lanes, kPanel, G - 1>(rest, p, v, n, hd, c0, out, ahead);
     }
   }
 }
 
 // accumulate_f16_group over every panel of kPanel vectors of hd and every group of kGroup
-// queries (the last group smaller).
+// queries (the last group smaller); each panel of the rows at ahead requested by its first group.
 template <class Lanes, int kPanel, int kGroup>
 void accumulate_f16_groups(const float* const* p, size_t nq, const uint16_t* v, size_t n, size_t hd,
-                           float* const* out) {
+                           float* const* out, const uint16_t* ahead) {
   for (size_t c0 = 0; c0 < hd; c0 += kPanel * Lanes::kWidth) {
     size_t j = 0;
     for (; j + kGroup <= nq; j += kGroup) {
-      accumulate_f16_group<Lanes, kPanel, kGroup>(p + j, v, n, hd, c0, out + j);
+      accumulate_f16_group<Lanes, kPanel, kGroup>(p + j, v, n, hd, c0, out + j,
+                                                  j == 0 ? ahead : nullptr);
     }
-    accumulate_f16_rest<Lanes, kPanel, kGroup>(nq - j, p + j, v, n, hd, c0, out + j);
+    accumulate_f16_rest<Lanes, kPanel, kGroup>(nq - j, p + j, v, n, hd, c0, out + j,
+                                               j == 0 ? ahead : nullptr);
   }
 }
 
@@ -93,12 +98,13 @@ void accumulate_f16_groups(const float* const* p, size_t nq, const uint16_t* v, 
 // latency.
 template <class Lanes, int kPanel, int kGroup>
 void accumulate_f16_queries(const float* const* p, size_t nq, const uint16_t* v, size_t n,
-                            size_t hd, float* const* out) {
+                            size_t hd, float* const* out, const uint16_t* ahead) {
   if (hd % (kPanel * Lanes::kWidth) == 0) {
-    accumulate_f16_groups<Lanes, kPanel, kGroup>(p, nq, v, n, hd, out);
+    accumulate_f16_groups<Lanes, kPanel, kGroup>(p, nq, v, n, hd, out, ahead);
   } else if (hd % Lanes::kWidth == 0) {
-    accumulate_f16_groups<Lanes, 1, 8>(p, nq, v, n, hd, out);
+    accumulate_f16_groups<Lanes, 1, 8>(p, nq, v, n, hd, out, ahead);
   } else {
+    prefetch_lines(ahead, 0, n * hd * sizeof(uint16_t));
     for (size_t j = 0; j < nq; ++j) accumulate_f16_panels<Lanes>(p[j], v, n, hd, out[j]);
   }
 }
@@ -130,15 +136,20 @@ void scores_f16_transposed(const float* const* q, size_t nq, const uint16_t* k, 
 }
 
 // Scores of eight keys at a time, their horizontal sums reduced together: the bits of one dot
-// per key (the vector lanes, their sum, then the scalar tail, then the scale).
+// per key (the vector lanes, their sum, then the scalar tail, then the scale). Row t at ahead
+// (unless null) is requested as row t is read.
 template <class Lanes>
 void scores_f16_by_eight(const float* q, const uint16_t* k, size_t n, size_t hd, float scale,
-                         float* out) {
+                         float* out, const uint16_t* ahead) {
+  const size_t row_bytes = hd * sizeof(uint16_t);
   size_t t = 0;
   for (; t + 8 <= n; t += 8) {
     typename Lanes::Vec v[8];
     size_t tail = hd;
-    for (int r = 0; r < 8; ++r) v[r] = Lanes::dot_f16(k + (t + r) * hd, q, hd, &tail);
+    for (int r = 0; r < 8; ++r) {
+      prefetch_lines(ahead, (t + r) * row_bytes, (t + r + 1) * row_bytes);
+      v[r] = Lanes::dot_f16(k + (t + r) * hd, q, hd, &tail);
+    }
     float sums[8];
     Lanes::hsum8(v, sums);
     for (int r = 0; r < 8; ++r) {
@@ -147,5 +158,13 @@ void scores_f16_by_eight(const float* q, const uint16_t* k, size_t n, size_t hd,
       out[t + r] = sums[r] * scale;
     }
   }
+  prefetch_lines(ahead, t * row_bytes, n * row_bytes);
   scores_f16(q, k + t * hd, n - t, hd, scale, out + t);  // the last n % 8 one at a time
+}
+
+// scores_f16_by_eight with nothing to request: the table's single-query loop.
+template <class Lanes>
+void scores_f16_eights(const float* q, const uint16_t* k, size_t n, size_t hd, float scale,
+                       float* out) {
+  scores_f16_by_eight<Lanes>(q, k, n, hd, scale, out, nullptr);
 }

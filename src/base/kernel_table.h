@@ -21,14 +21,16 @@ struct KernelTable {
   void (*scores_f32)(const float* q, const float* k, size_t n, size_t hd, float scale, float* out);
   void (*scores_f16)(const float* q, const uint16_t* k, size_t n, size_t hd, float scale,
                      float* out);
-  // scores_f16 for nq queries at once (out[j] for q[j]), reading each key row once.
+  // scores_f16 for nq queries at once (out[j] for q[j]), reading each key row once; the lines
+  // of the n rows at ahead (null for none) are requested as these are read (kernels.h).
   void (*scores_f16_queries)(const float* const* q, size_t nq, const uint16_t* k, size_t n,
-                             size_t hd, float scale, float* const* out);
+                             size_t hd, float scale, float* const* out, const uint16_t* ahead);
   void (*accumulate_f32)(const float* p, const float* v, size_t n, size_t hd, float* out);
   void (*accumulate_f16)(const float* p, const uint16_t* v, size_t n, size_t hd, float* out);
-  // accumulate_f16 for nq weight rows p[j] into out[j] (each out[j] as accumulate_f16 alone).
+  // accumulate_f16 for nq weight rows p[j] into out[j] (each out[j] as accumulate_f16 alone),
+  // requesting the rows at ahead as scores_f16_queries does.
   void (*accumulate_f16_queries)(const float* const* p, size_t nq, const uint16_t* v, size_t n,
-                                 size_t hd, float* const* out);
+                                 size_t hd, float* const* out, const uint16_t* ahead);
   // quantize_row to q8_0 and to f16: the same bytes as its scalar code.
   void (*quantize_q8_0)(const float* x, void* out, size_t n);
   void (*to_f16)(const float* x, uint16_t* out, size_t n);

@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "base/gemm_table.h"
 #include "base/kernel_table.h"
+#include "base/prefetch_lines.h"
 
 namespace kvc::kernels {
 namespace {
@@ -232,19 +233,23 @@ void attention_scores(DType kv, const float* q, const void* k, size_t n, size_t 
 }
 
 void attention_scores_queries(DType kv, const float* const* q, size_t nq, const void* k, size_t n,
-                              size_t hd, float scale, float* const* out) {
+                              size_t hd, float scale, float* const* out, const void* ahead) {
   if (kv == DType::F16) {
-    table().scores_f16_queries(q, nq, static_cast<const uint16_t*>(k), n, hd, scale, out);
+    table().scores_f16_queries(q, nq, static_cast<const uint16_t*>(k), n, hd, scale, out,
+                               static_cast<const uint16_t*>(ahead));
   } else {
+    prefetch_lines(ahead, 0, n * hd * sizeof(float));
     for (size_t j = 0; j < nq; ++j) attention_scores(kv, q[j], k, n, hd, scale, out[j]);
   }
 }
 
 void attention_accumulate_queries(DType kv, const float* const* p, size_t nq, const void* v,
-                                  size_t n, size_t hd, float* const* out) {
+                                  size_t n, size_t hd, float* const* out, const void* ahead) {
   if (kv == DType::F16) {
-    table().accumulate_f16_queries(p, nq, static_cast<const uint16_t*>(v), n, hd, out);
+    table().accumulate_f16_queries(p, nq, static_cast<const uint16_t*>(v), n, hd, out,
+                                   static_cast<const uint16_t*>(ahead));
   } else {
+    prefetch_lines(ahead, 0, n * hd * sizeof(float));
     for (size_t j = 0; j < nq; ++j) attention_accumulate(kv, p[j], v, n, hd, out[j]);
   }
 }

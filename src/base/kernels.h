@@ -73,14 +73,19 @@ void axpy_f16(float alpha, const uint16_t* x, float* y, size_t n);
 void attention_scores(DType kv, const float* q, const void* k, size_t n, size_t hd, float scale,
                       float* out);
 // attention_scores for nq queries q[j] into out[j], each key row read once for all of them; every
-// out[j] has the same bits as attention_scores(kv, q[j], ...) alone.
+// out[j] has the same bits as attention_scores(kv, q[j], ...) alone. Where ahead is not null, the
+// cache lines of the n rows there (read by a later call) are requested while these are read, a
+// few at a time where the loop can spread them.
 void attention_scores_queries(DType kv, const float* const* q, size_t nq, const void* k, size_t n,
-                              size_t hd, float scale, float* const* out);
+                              size_t hd, float scale, float* const* out,
+                              const void* ahead = nullptr);
 // out += p[t] * v_t for t = 0..n-1 in order, for n value rows v_t = v + t * hd of type kv.
 void attention_accumulate(DType kv, const float* p, const void* v, size_t n, size_t hd, float* out);
 // attention_accumulate for nq weight rows p[j] into out[j] over the same value rows, each row
 // read once for several of them; every out[j] has the same bits as attention_accumulate alone.
+// The rows at ahead are requested as in attention_scores_queries.
 void attention_accumulate_queries(DType kv, const float* const* p, size_t nq, const void* v,
-                                  size_t n, size_t hd, float* const* out);
+                                  size_t n, size_t hd, float* const* out,
+                                  const void* ahead = nullptr);
 
 }  // namespace kvc::kernels

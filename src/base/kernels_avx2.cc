@@ -6,6 +6,7 @@
 
 #include "base/dtype.h"
 #include "base/kernel_table.h"
+#include "base/prefetch_lines.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options
@@ -179,10 +180,11 @@ void dots_f16_f32(const uint16_t* a, const float* const* b, size_t n, float* out
 // Several queries against one key row at a time, in register tiles of four queries (on AVX2
 // this beats scoring eight keys per query: the conversion of each key row is shared).
 void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, size_t n, size_t hd,
-                        float scale, float* const* out) {
+                        float scale, float* const* out, const uint16_t* ahead) {
   float dots[4];
   for (size_t t = 0; t < n; ++t) {
     const uint16_t* row = k + t * hd;
+    prefetch_lines(ahead, t * hd * sizeof(uint16_t), (t + 1) * hd * sizeof(uint16_t));
     size_t j = 0;
     for (; j + 4 <= nq; j += 4) {
       dots_f16_f32<4>(row, q + j, hd, dots);
@@ -210,12 +212,14 @@ struct Lanes : EightFloatLanes {
 // From four queries on, the keys transposed once for all of them (no horizontal sums left);
 // fewer take the register tiles of scores_f16_queries.
 void scores_f16_queries_transposed(const float* const* q, size_t nq, const uint16_t* k, size_t n,
-                                   size_t hd, float scale, float* const* out) {
+                                   size_t hd, float scale, float* const* out,
+                                   const uint16_t* ahead) {
   if (nq >= 4 && hd % 8 == 0 && hd <= 256) {
+    prefetch_lines(ahead, 0, n * hd * sizeof(uint16_t));
     scores_f16_transposed<Lanes>(q, nq, k, n, hd, scale, out);
     return;
   }
-  scores_f16_queries(q, nq, k, n, hd, scale, out);
+  scores_f16_queries(q, nq, k, n, hd, scale, out, ahead);
 }
 
 #include "base/softmax_exp.h"
@@ -331,7 +335,7 @@ const KernelTable* avx2_kernels() {
       axpy_f32_avx2,
       axpy_f16_avx2,
       scores_f32,
-      scores_f16_by_eight<Lanes>,
+      scores_f16_eights<Lanes>,
       scores_f16_queries_transposed,
       accumulate_f32,
       accumulate_f16_panels<Lanes>,

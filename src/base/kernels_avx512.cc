@@ -6,6 +6,7 @@
 
 #include "base/dtype.h"
 #include "base/kernel_table.h"
+#include "base/prefetch_lines.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options
@@ -290,7 +291,8 @@ float softmax_exp_avx512(float* p, size_t n) {
 // its single-row dot has its eight products in the low lanes and zeros above, so the sixteen-
 // lane sum folds to the eight-lane one, whose order the eight-float transposed loop keeps.
 void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, size_t n, size_t hd,
-                        float scale, float* const* out) {
+                        float scale, float* const* out, const uint16_t* ahead) {
+  if (nq >= 4) prefetch_lines(ahead, 0, n * hd * sizeof(uint16_t));
   if (nq >= 4 && hd % 16 == 0 && hd <= 256) {
     scores_f16_transposed<Lanes>(q, nq, k, n, hd, scale, out);
     return;
@@ -299,19 +301,21 @@ void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, siz
     scores_f16_transposed<HalfLanes>(q, nq, k, n, hd, scale, out);
     return;
   }
-  for (size_t j = 0; j < nq; ++j) scores_f16_by_eight<Lanes>(q[j], k, n, hd, scale, out[j]);
+  for (size_t j = 0; j < nq; ++j) {
+    scores_f16_by_eight<Lanes>(q[j], k, n, hd, scale, out[j], j == 0 ? ahead : nullptr);
+  }
 }
 
 // Several queries' weighted sums over the same value rows. Every lane takes one fused
 // multiply-add per row, whatever the vector width, so a head of a whole number of eight but not
 // of sixteen values takes eight-float panels with the bits of sixteen-float ones.
 void accumulate_f16_queries_avx512(const float* const* p, size_t nq, const uint16_t* v, size_t n,
-                                   size_t hd, float* const* out) {
+                                   size_t hd, float* const* out, const uint16_t* ahead) {
   if (hd % 16 != 0 && hd % 8 == 0) {
-    accumulate_f16_queries<HalfLanes, 1, 8>(p, nq, v, n, hd, out);
+    accumulate_f16_queries<HalfLanes, 1, 8>(p, nq, v, n, hd, out, ahead);
     return;
   }
-  accumulate_f16_queries<Lanes, 4, 6>(p, nq, v, n, hd, out);
+  accumulate_f16_queries<Lanes, 4, 6>(p, nq, v, n, hd, out, ahead);
 }
 
 }  // namespace
@@ -325,7 +329,7 @@ const KernelTable* avx512_kernels() {
       axpy_f32_avx512,
       axpy_f16_avx512,
       scores_f32,
-      scores_f16_by_eight<Lanes>,
+      scores_f16_eights<Lanes>,
       scores_f16_queries,
       accumulate_f32,
       accumulate_f16_panels<Lanes>,

@@ -4,6 +4,7 @@
 
 #include "base/dtype.h"
 #include "base/kernel_table.h"
+#include "base/prefetch_lines.h"
 #include "base/quant_blocks.h"
 
 namespace kvc::kernels {
@@ -114,14 +115,16 @@ float dot_w_unpacked(const void* w, const void* x, size_t n) {
 KVC_ATTENTION_LOOPS(dot_f32_scalar, dot_f16_f32_scalar, axpy_f32_scalar, axpy_f16_scalar)
 
 void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, size_t n, size_t hd,
-                        float scale, float* const* out) {
+                        float scale, float* const* out, const uint16_t* ahead) {
+  prefetch_lines(ahead, 0, n * hd * sizeof(uint16_t));
   for (size_t j = 0; j < nq; ++j) scores_f16(q[j], k, n, hd, scale, out[j]);
 }
 
 #include "base/softmax_exp.h"
 
 void accumulate_f16_queries(const float* const* p, size_t nq, const uint16_t* v, size_t n,
-                            size_t hd, float* const* out) {
+                            size_t hd, float* const* out, const uint16_t* ahead) {
+  prefetch_lines(ahead, 0, n * hd * sizeof(uint16_t));
   for (size_t j = 0; j < nq; ++j) accumulate_f16(p[j], v, n, hd, out[j]);
 }
 

@@ -1,8 +1,10 @@
 #include "base/kv_attention.h"
 
+#include "base/channel_keys.h"
 #include "base/error.h"
 #include "base/kernels.h"
 #include "base/kv_attention_table.h"
+#include "base/prefetch_lines.h"
 
 namespace kvc::kernels {
 namespace {
@@ -35,9 +37,19 @@ KvChannelScoresFn channel_scores(DType t) {
   }
 }
 
+// Requests all of the n rows at rows.ahead at once, for the loops that take no ahead.
+void request_ahead(const KvRows& rows, size_t n, size_t hd) {
+  if (rows.ahead == nullptr) return;
+  const size_t bytes = rows.channels     ? channel_slab_bytes(rows.dtype, hd)
+                       : rows.stride > 0 ? n * rows.stride
+                                         : n * row_bytes(rows.dtype, hd);
+  prefetch_lines(rows.ahead, 0, bytes);
+}
+
 }  // namespace
 
 void kv_scores(const KvRows& k, const float* q, size_t n, size_t hd, float scale, float* out) {
+  request_ahead(k, n, hd);
   if (k.channels) {
     channel_scores(k.dtype)(&q, 1, k.base, n, hd, scale, &out);
     return;
@@ -62,13 +74,15 @@ void kv_scores(const KvRows& k, const float* q, size_t n, size_t hd, float scale
 void kv_scores_queries(const KvRows& k, const float* const* q, size_t nq, size_t n, size_t hd,
                        float scale, float* const* out) {
   if (k.channels) {
+    request_ahead(k, n, hd);
     channel_scores(k.dtype)(q, nq, k.base, n, hd, scale, out);
     return;
   }
   if (k.dtype == DType::F32 || k.dtype == DType::F16) {
-    attention_scores_queries(k.dtype, q, nq, k.base, n, hd, scale, out);
+    attention_scores_queries(k.dtype, q, nq, k.base, n, hd, scale, out, k.ahead);
     return;
   }
+  request_ahead(k, n, hd);
   switch (k.dtype) {
     case DType::Q8_0:
       table().scores_queries_q8_0(q, nq, k.base, k.stride, k.first, n, hd, scale, out);
@@ -85,9 +99,10 @@ void kv_scores_queries(const KvRows& k, const float* const* q, size_t nq, size_t
 void kv_accumulate_queries(const KvRows& v, const float* const* p, size_t nq, size_t n, size_t hd,
                            float* const* out) {
   if (v.dtype == DType::F32 || v.dtype == DType::F16) {
-    attention_accumulate_queries(v.dtype, p, nq, v.base, n, hd, out);
+    attention_accumulate_queries(v.dtype, p, nq, v.base, n, hd, out, v.ahead);
     return;
   }
+  request_ahead(v, n, hd);
   switch (v.dtype) {
     case DType::Q8_0:
       table().accumulate_queries_q8_0(p, nq, v.base, v.stride, v.first, n, hd, out);
@@ -102,6 +117,7 @@ void kv_accumulate_queries(const KvRows& v, const float* const* p, size_t nq, si
 }
 
 void kv_accumulate(const KvRows& v, const float* p, size_t n, size_t hd, float* out) {
+  request_ahead(v, n, hd);
   switch (v.dtype) {
     case DType::F32:
     case DType::F16:

@@ -20,13 +20,17 @@ namespace kvc::kernels {
 // q8_0/q4_0 a row is either hd / 32 whole groups (hd a multiple of 32, first 0) or one run of
 // hd values inside one group (hd divides 32, first a multiple of hd). Keys grouped per channel
 // (channels true; q8_0/q4_0 only) are instead the (layer, KV head) slab of one block at base
-// (base/channel_keys.h), of which the first n <= kChannelTokens keys are read.
+// (base/channel_keys.h), of which the first n <= kChannelTokens keys are read. ahead, unless
+// null, is where rows of the same shape lie that a later call will read (the next blocks of a
+// paged cache, which no hardware prefetcher foresees): their cache lines are requested while
+// these rows are read, a few with each row where the loop reads rows in order.
 struct KvRows {
   DType dtype = DType::F32;
   const uint8_t* base = nullptr;
   size_t stride = 0;
   int first = 0;
   bool channels = false;
+  const uint8_t* ahead = nullptr;
 };
 
 // out[t] = dot(q, k_t) * scale for the n rows of k.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "base/channel_keys.h"
 #include "base/error.h"
@@ -323,22 +324,21 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
           };
           // A (layer, kv head)'s keys or values of one block are a few KiB or less, and
           // consecutive blocks lie anywhere in the pool, where the hardware prefetchers cannot
-          // follow: the run about kPrefetchBytes ahead (at least two blocks) is requested while
-          // this one is computed. Tiles of many queries spend long enough on each block to need
-          // no help.
+          // follow: the block's first kernel call requests the run about kPrefetchBytes ahead (at
+          // least two blocks) as it reads its own, a few lines with each row. Tiles of many
+          // queries spend long enough on each block to need no help.
           constexpr size_t kPrefetchBytes = 8192, kPrefetchQueries = 4;
           const kv::BlockTable& lead = *rows[tile.first_row].table;
-          const auto prefetch = [&](size_t t0, const kv::KvRun& run) {
+          const auto run_ahead = [&](size_t t0, const kv::KvRun& run) -> const uint8_t* {
             const size_t run_bytes = run.stride == 0 ? channel_slab : bt * run.stride;
             const size_t blocks_ahead = std::clamp<size_t>(kPrefetchBytes / run_bytes, 2, 16);
             const size_t ahead = t0 + blocks_ahead * bt;
             // The lead sequence may be shorter than the tile's longest (a shared prefix).
             if (queries > kPrefetchQueries || ahead >= std::min(longest, lead.capacity_tokens()) ||
                 lead.block_of(ahead) == kv::BlockTable::kNoBlock) {
-              return;
+              return nullptr;
             }
-            const uint8_t* base = pool.data(lead.block_of(ahead)) + run.offset;
-            for (size_t at = 0; at < run_bytes; at += 64) __builtin_prefetch(base + at);
+            return pool.data(lead.block_of(ahead)) + run.offset;
           };
           // Calls partial(j, block, n) for each query that sees only the first n positions of
           // block position t0, and whole(block, queries) for those that see all of it, grouped
@@ -388,7 +388,7 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
             if (!readers.full.empty()) readers.for_each_group(whole);
           };
           for (size_t t0 = first_block; t0 < longest; t0 += bt) {
-            prefetch(t0, k_run);
+            const uint8_t* k_ahead = run_ahead(t0, k_run);
             // The queries that see a whole block share each key row's read (the queries of
             // sequences sharing a prefix included); those whose causal limit falls inside it
             // score their own prefix of it.
@@ -406,8 +406,10 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
                     q_ptrs.push_back(q_at[j]);
                     out_ptrs.push_back(scores.data() + j * longest + t0);
                   }
-                  kernels::kv_scores_queries(kv_rows(g.k_dtype, id, k_run), q_ptrs.data(),
-                                             q_ptrs.size(), bt, hd, scale, out_ptrs.data());
+                  kernels::KvRows keys = kv_rows(g.k_dtype, id, k_run);
+                  keys.ahead = std::exchange(k_ahead, nullptr);
+                  kernels::kv_scores_queries(keys, q_ptrs.data(), q_ptrs.size(), bt, hd, scale,
+                                             out_ptrs.data());
                 });
           }
           sums.resize(queries);
@@ -420,7 +422,7 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
             std::fill_n(attn_at[j], hd, 0.0f);
           }
           for (size_t t0 = first_block; t0 < longest; t0 += bt) {
-            prefetch(t0, v_run);
+            const uint8_t* v_ahead = run_ahead(t0, v_run);
             // As with the keys: the queries that weigh a whole block share each row's read.
             visit(
                 t0, false,
@@ -435,8 +437,10 @@ void LlamaModel::attention(ThreadPool& threads, kv::BlockPool& pool, std::span<c
                     p_ptrs.push_back(scores.data() + j * longest + t0);
                     out_ptrs.push_back(attn_at[j]);
                   }
-                  kernels::kv_accumulate_queries(kv_rows(g.v_dtype, id, v_run), p_ptrs.data(),
-                                                 p_ptrs.size(), bt, hd, out_ptrs.data());
+                  kernels::KvRows values = kv_rows(g.v_dtype, id, v_run);
+                  values.ahead = std::exchange(v_ahead, nullptr);
+                  kernels::kv_accumulate_queries(values, p_ptrs.data(), p_ptrs.size(), bt, hd,
+                                                 out_ptrs.data());
                 });
           }
           for (size_t j = 0; j < queries; ++j) {

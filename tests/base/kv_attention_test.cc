@@ -210,6 +210,58 @@ TEST(KvAttention, QueriesTogetherHaveTheBitsOfEachAlone) {
   }
 }
 
+// Rows requested ahead (the next block's run) change no result: every dtype, instruction set,
+// query count and head size gives the bits it gives with nothing ahead.
+TEST(KvAttention, RowsRequestedAheadChangeNoBits) {
+  IsaGuard guard;
+  for (Isa isa : supported_isas()) {
+    kernels::set_isa(isa);
+    for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0}) {
+      for (const Layout& l : {Layout{64, 64, 0}, Layout{8, 32, 8}, Layout{128, 128, 0}}) {
+        for (size_t n : {size_t{7}, size_t{16}}) {
+          const bool plain = t == DType::F32 || t == DType::F16;
+          const Rows rows = make_rows(t, n, plain ? l.hd : l.per_token, plain ? 0 : l.at, l.hd, 3);
+          const Rows later = make_rows(t, n, plain ? l.hd : l.per_token, plain ? 0 : l.at, l.hd, 4);
+          const size_t group_at = plain ? 0 : l.at / 32 * block_bytes(t);
+          kernels::KvRows kv{t, rows.bytes.data() + group_at, rows.stride,
+                             plain ? 0 : static_cast<int>(l.at % 32)};
+          for (size_t queries : {size_t{1}, size_t{2}, size_t{6}}) {
+            std::vector<std::vector<float>> q, p;
+            std::vector<const float*> q_ptr, p_ptr;
+            for (size_t j = 0; j < queries; ++j) {
+              q.push_back(random_floats(l.hd, 60 + j));
+              p.push_back(random_floats(n, 70 + j));
+              q_ptr.push_back(q.back().data());
+              p_ptr.push_back(p.back().data());
+            }
+            std::vector<float> scores[2], sums[2];
+            for (int with_ahead = 0; with_ahead < 2; ++with_ahead) {
+              kv.ahead = with_ahead != 0 ? later.bytes.data() + group_at : nullptr;
+              scores[with_ahead].assign(queries * n, 0.0f);
+              sums[with_ahead].assign(queries * l.hd, 0.5f);
+              std::vector<float*> score_ptr, sum_ptr;
+              for (size_t j = 0; j < queries; ++j) {
+                score_ptr.push_back(scores[with_ahead].data() + j * n);
+                sum_ptr.push_back(sums[with_ahead].data() + j * l.hd);
+              }
+              kernels::kv_scores_queries(kv, q_ptr.data(), queries, n, l.hd, 0.3f,
+                                         score_ptr.data());
+              kernels::kv_accumulate_queries(kv, p_ptr.data(), queries, n, l.hd, sum_ptr.data());
+            }
+            const std::string where = std::string(kernels::isa_name(isa)) + " " +
+                                      std::string(dtype_name(t)) + " hd " + std::to_string(l.hd) +
+                                      " n " + std::to_string(n) + " queries " +
+                                      std::to_string(queries);
+            EXPECT_EQ(std::memcmp(scores[0].data(), scores[1].data(), scores[0].size() * 4), 0)
+                << where;
+            EXPECT_EQ(std::memcmp(sums[0].data(), sums[1].data(), sums[0].size() * 4), 0) << where;
+          }
+        }
+      }
+    }
+  }
+}
+
 // f32 and f16 rows go to the existing kernels unchanged.
 TEST(KvAttention, F16RowsScoreAsTheF16Kernel) {
   const size_t hd = 64, n = 5;

@@ -1,0 +1,17 @@
+// Software prefetch of a byte range (internal to base/): for rows that a later call will read
+// where the hardware prefetchers cannot foresee it (the next blocks of a paged KV cache lie
+// anywhere in the pool).
+#pragma once
+
+#include <cstddef>
+
+namespace kvc::kernels {
+
+// Requests the cache lines holding bytes [begin, end) of base; nothing when base is null.
+inline void prefetch_lines(const void* base, size_t begin, size_t end) {
+  if (base == nullptr) return;
+  const auto* p = static_cast<const char*>(base);
+  for (size_t at = begin & ~size_t{63}; at < end; at += 64) __builtin_prefetch(p + at);
+}
+
+}  // namespace kvc::kernels
