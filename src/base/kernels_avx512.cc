@@ -302,7 +302,7 @@ void scores_f16_queries(const float* const* q, size_t nq, const uint16_t* k, siz
     return;
   }
   for (size_t j = 0; j < nq; ++j) {
-    scores_f16_by_eight<Lanes>(q[j], k, n, hd, scale, out[j], j == 0 ? ahead : nullptr);
+    scores_f16_by_eight<Lanes>(q[j], k, n, hd, scale, out[j], j == 0 && nq < 4 ? ahead : nullptr);
   }
 }
 

@@ -73,16 +73,16 @@ void kv_scores(const KvRows& k, const float* q, size_t n, size_t hd, float scale
 
 void kv_scores_queries(const KvRows& k, const float* const* q, size_t nq, size_t n, size_t hd,
                        float scale, float* const* out) {
-  if (k.channels) {
-    request_ahead(k, n, hd);
-    channel_scores(k.dtype)(q, nq, k.base, n, hd, scale, out);
-    return;
-  }
-  if (k.dtype == DType::F32 || k.dtype == DType::F16) {
+  const bool plain = !k.channels && (k.dtype == DType::F32 || k.dtype == DType::F16);
+  if (plain) {
     attention_scores_queries(k.dtype, q, nq, k.base, n, hd, scale, out, k.ahead);
     return;
   }
   request_ahead(k, n, hd);
+  if (k.channels) {
+    channel_scores(k.dtype)(q, nq, k.base, n, hd, scale, out);
+    return;
+  }
   switch (k.dtype) {
     case DType::Q8_0:
       table().scores_queries_q8_0(q, nq, k.base, k.stride, k.first, n, hd, scale, out);
