@@ -38,7 +38,7 @@ inline void exact_run(const Block& b, int first, int count, typename Lanes::Vec*
 
 // One key row's lanes of q . k, before the horizontal sum: over the row's exact values, the
 // even kWidth-chunks and the odd ones summed by fused multiply-adds in two accumulators, then
-// added, lane by lane the arithmetic of scores_of_transposed_keys, so that a query scored with
+// added, lane by lane the arithmetic of folded_transposed_dots, so that a query scored with
 // others against transposed keys gets the bits it gets alone.
 template <class Lanes, class Block>
 inline typename Lanes::Vec score_lanes(const Block* b, const float* q, RowShape s, int first) {
@@ -173,7 +173,7 @@ inline typename Lanes::Vec score_converted(const float* values, const float* q, 
 }
 
 // Scores of nq queries over the same rows, kWidth keys at a time converted to exact values and
-// transposed once for all of them, each query's scores then built by scores_of_transposed_keys
+// transposed once for all of them, each query's scores then built by folded_transposed_dots
 // (score_lanes' arithmetic, every fold a vertical addition); the last n % kWidth keys query by
 // query.
 template <class Lanes, class Block>

@@ -165,8 +165,8 @@ TEST(Kernels, SimdAgreesWithScalarOnF16AttentionKernels) {
 }
 
 // Scoring several queries against the same keys at once (each key row read once) gives every
-// query the same bits as scoring it alone, for every query count (register tiles of four and
-// the rest), head size and key type, on every instruction set this CPU has.
+// query the same bits as scoring it alone, for every query count (groups of four, or three on
+// AVX2, and every rest), head size and key type, on every instruction set this CPU has.
 TEST(Kernels, ScoresOfManyQueriesAreTheBitsOfEachAlone) {
   IsaGuard guard;
   for (Isa isa : supported_isas()) {
@@ -177,7 +177,7 @@ TEST(Kernels, ScoresOfManyQueriesAreTheBitsOfEachAlone) {
           const auto kf = random_floats(rows * hd, 7);
           std::vector<uint8_t> k(row_bytes(kv, rows * hd));
           quantize_row(kv, kf.data(), k.data(), rows * hd);
-          for (size_t nq : {1u, 3u, 4u, 5u, 9u}) {
+          for (size_t nq : {1u, 3u, 4u, 5u, 6u, 7u, 9u, 16u}) {
             const auto q = random_floats(nq * hd, 8 + static_cast<uint32_t>(nq));
             std::vector<float> together(nq * rows), alone(nq * rows);
             std::vector<const float*> qp;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "base/isa_fixtures.h"
@@ -163,8 +164,10 @@ TEST(KvAttention, QueriesTogetherHaveTheBitsOfEachAlone) {
     kernels::set_isa(isa);
     for (DType t : {DType::Q8_0, DType::Q4_0}) {
       for (const Layout& l : kLayouts) {
-        for (size_t n : {size_t{5}, size_t{16}, size_t{27}}) {
-          constexpr size_t kQueries = 5;
+        // Query counts that fill the transposed groups (four, or three on AVX2) and leave
+        // every rest.
+        for (const auto& [n, kQueries] :
+             {std::pair<size_t, size_t>{5, 5}, {16, 5}, {16, 7}, {16, 16}, {27, 5}, {27, 6}}) {
           const Rows rows = make_rows(t, n, l.per_token, l.at, l.hd, 11 + l.at);
           const size_t group_at = l.at / 32 * block_bytes(t);
           const kernels::KvRows kv{t, rows.bytes.data() + group_at, rows.stride,
