@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "base/dtype.h"
@@ -28,5 +29,12 @@ struct WeightView {
 // order whatever the thread count or n_rows. scratch holds the prepared activations.
 void matmul(ThreadPool& pool, const WeightView& w, const float* x, size_t n_rows, float* y,
             std::vector<uint8_t>& scratch);
+
+// matmul of the same x by each of ws into ys[i] (a layer's query, key and value projections, or
+// its gate and up): where they share dtype and in_dim, x is prepared once and their rows are
+// split over the threads as one stacked matrix, so no thread waits at each matrix's end; else
+// one matmul each. Every y value has the bits matmul gives it.
+void matmul_stacked(ThreadPool& pool, std::span<const WeightView> ws, const float* x, size_t n_rows,
+                    std::span<float* const> ys, std::vector<uint8_t>& scratch);
 
 }  // namespace kvc

@@ -624,9 +624,9 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
     const std::span<const BatchRow> grows = group_rows[group];
     const std::vector<KeyBlock>& blocks = key_blocks[group];
     norm_rows(w.attn_norm);
-    matmul(threads, w.wq, s.xb.data(), n, s.q.data(), s.activations);
-    matmul(threads, w.wk, s.xb.data(), n, s.k.data(), s.activations);
-    matmul(threads, w.wv, s.xb.data(), n, s.v.data(), s.activations);
+    const WeightView qkv[] = {w.wq, w.wk, w.wv};
+    float* const qkv_out[] = {s.q.data(), s.k.data(), s.v.data()};
+    matmul_stacked(threads, qkv, s.xb.data(), n, qkv_out, s.activations);
     for (size_t r = 0; r < n; ++r) {
       const float* cs = &s.rope_cos[r * half_rot];
       const float* sn = &s.rope_sin[r * half_rot];
@@ -682,8 +682,9 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
     norm_in_place(w.post_attn_norm);
     for (size_t i = 0; i < n * d; ++i) s.x[i] += s.xb[i];
     norm_rows(w.ffn_norm);
-    matmul(threads, w.w_gate, s.xb.data(), n, s.gate.data(), s.activations);
-    matmul(threads, w.w_up, s.xb.data(), n, s.up.data(), s.activations);
+    const WeightView gate_up[] = {w.w_gate, w.w_up};
+    float* const gate_up_out[] = {s.gate.data(), s.up.data()};
+    matmul_stacked(threads, gate_up, s.xb.data(), n, gate_up_out, s.activations);
     threads.parallel_for(
         n * c.n_ff,
         [&](size_t b, size_t e) {

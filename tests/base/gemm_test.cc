@@ -271,6 +271,66 @@ TEST_P(GemmTest, MatmulRowsAreIndependentOfBatchAndThreads) {
   }
 }
 
+// Stacked (a layer's query, key and value projections in one region): every output has the bits
+// of its own matmul, whatever the thread count; matrices of different dtypes or widths fall back
+// to one matmul each with the same bits.
+TEST_P(GemmTest, StackedMatmulsAreEachMatmulBitForBit) {
+  for (DType wt : kWeightTypes) {
+    const size_t in = block_elements(wt) == 256 ? 512 : 160, rows = 6;
+    const size_t outs[] = {300, 40, 130};  // so that the threads' ranges split a matrix
+    std::vector<std::vector<uint8_t>> bytes;
+    std::vector<WeightView> views;
+    for (size_t i = 0; i < 3; ++i) {
+      const auto wf = random_floats(in * outs[i], 30 + static_cast<uint32_t>(i));
+      bytes.emplace_back(row_bytes(wt, in) * outs[i]);
+      for (size_t o = 0; o < outs[i]; ++o) {
+        quantize_row(wt, &wf[o * in], &bytes[i][o * row_bytes(wt, in)], in);
+      }
+      views.push_back(WeightView{wt, bytes[i].data(), outs[i], in});
+    }
+    const auto x = random_floats(in * rows, 7);
+    std::vector<uint8_t> scratch;
+    ThreadPool one(1), two(2), three(3);
+    for (ThreadPool* pool : {&one, &two, &three}) {
+      for (size_t n_rows : {size_t{1}, rows}) {
+        std::vector<std::vector<float>> stacked, alone;
+        std::vector<float*> outs_ptr;
+        for (size_t i = 0; i < 3; ++i) {
+          stacked.emplace_back(n_rows * outs[i], -1.0f);
+          alone.emplace_back(n_rows * outs[i]);
+          outs_ptr.push_back(stacked[i].data());
+          matmul(one, views[i], x.data(), n_rows, alone[i].data(), scratch);
+        }
+        matmul_stacked(*pool, views, x.data(), n_rows, outs_ptr, scratch);
+        for (size_t i = 0; i < 3; ++i) {
+          EXPECT_EQ(
+              0, std::memcmp(stacked[i].data(), alone[i].data(), alone[i].size() * sizeof(float)))
+              << kernels::isa_name(GetParam()) << " " << dtype_name(wt) << " matrix " << i
+              << " threads " << pool->size() << " rows " << n_rows;
+        }
+      }
+    }
+  }
+  // Unlike matrices: an f32 one beside a q8_0 one.
+  const size_t in = 64, out = 9;
+  const auto wf = random_floats(in * out, 40);
+  std::vector<uint8_t> q8(row_bytes(DType::Q8_0, in) * out);
+  for (size_t o = 0; o < out; ++o) {
+    quantize_row(DType::Q8_0, &wf[o * in], &q8[o * row_bytes(DType::Q8_0, in)], in);
+  }
+  const WeightView mixed[] = {{DType::F32, wf.data(), out, in}, {DType::Q8_0, q8.data(), out, in}};
+  const auto x = random_floats(in, 41);
+  std::vector<uint8_t> scratch;
+  ThreadPool two(2);
+  std::vector<float> a(out), b(out), a_alone(out), b_alone(out);
+  float* const both[] = {a.data(), b.data()};
+  matmul_stacked(two, mixed, x.data(), 1, both, scratch);
+  matmul(two, mixed[0], x.data(), 1, a_alone.data(), scratch);
+  matmul(two, mixed[1], x.data(), 1, b_alone.data(), scratch);
+  EXPECT_EQ(0, std::memcmp(a.data(), a_alone.data(), out * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(b.data(), b_alone.data(), out * sizeof(float)));
+}
+
 INSTANTIATE_TEST_SUITE_P(EveryIsa, GemmTest,
                          ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
                          [](const auto& info) {
