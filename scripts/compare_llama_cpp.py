@@ -74,6 +74,12 @@ def kv_share_at(args, model, context):
     return kv / (kv + plan["weights_bytes"])
 
 
+def median(values):
+    """The middle of values (the upper one of an even count)."""
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
 def batched_bench_runs(args, model, fa, *flags):
     """Per run of -r: llama-batched-bench's jsonl rows by (pp, tg, pl)."""
     runs = []
@@ -96,11 +102,10 @@ def batched_bench_median(args, model, fa, *flags):
     for rows in batched_bench_runs(args, model, fa, *flags):
         for key, row in rows.items():
             runs.setdefault(key, []).append(row)
-    median = {}
+    medians = {}
     for key, rows in runs.items():
-        median[key] = {field: sorted(r[field] for r in rows)[len(rows) // 2]
-                       for field in ("t_pp", "speed_tg")}
-    return median
+        medians[key] = {field: median(r[field] for r in rows) for field in ("t_pp", "speed_tg")}
+    return medians
 
 
 def llama_bench_has_depth(args):
@@ -135,11 +140,9 @@ def compute_targets(args, model):
         for fa in (False, True):
             runs = batched_bench_runs(args, model, fa, "-c", "4736", "-npp", "4096,4608", "-ntg",
                                       "128", "-npl", "1")
-            gaps = sorted(r[(4608, 128, 1)]["t_pp"] - r[(4096, 128, 1)]["t_pp"] for r in runs)
-            gap = gaps[len(gaps) // 2]
+            gap = median(r[(4608, 128, 1)]["t_pp"] - r[(4096, 128, 1)]["t_pp"] for r in runs)
             pp_deep = max(pp_deep, 512 / gap if gap > 0 else float("inf"))
-            tg_deep = max(tg_deep, sorted(r[(4096, 128, 1)]["speed_tg"]
-                                          for r in runs)[len(runs) // 2])
+            tg_deep = max(tg_deep, median(r[(4096, 128, 1)]["speed_tg"] for r in runs))
         how = "llama-batched-bench"
         if pp_deep > theirs["pp512"]:
             pp_deep = theirs["pp512"]

@@ -166,34 +166,34 @@ TEST(KvAttention, QueriesTogetherHaveTheBitsOfEachAlone) {
       for (const Layout& l : kLayouts) {
         // Query counts that fill the transposed groups (four, or three on AVX2) and leave
         // every rest.
-        for (const auto& [n, kQueries] :
+        for (const auto& [n, queries] :
              {std::pair<size_t, size_t>{5, 5}, {16, 5}, {16, 7}, {16, 16}, {27, 5}, {27, 6}}) {
           const Rows rows = make_rows(t, n, l.per_token, l.at, l.hd, 11 + l.at);
           const size_t group_at = l.at / 32 * block_bytes(t);
           const kernels::KvRows kv{t, rows.bytes.data() + group_at, rows.stride,
                                    static_cast<int>(l.at % 32)};
-          std::vector<std::vector<float>> q, p, scores, alone(kQueries), sums, sums_alone;
+          std::vector<std::vector<float>> q, p, scores, alone(queries), sums, sums_alone;
           std::vector<const float*> q_ptr, p_ptr;
           std::vector<float*> score_ptr, sum_ptr;
-          for (size_t j = 0; j < kQueries; ++j) {
+          for (size_t j = 0; j < queries; ++j) {
             q.push_back(random_floats(l.hd, 40 + j));
             p.push_back(random_floats(n, 50 + j));
             scores.emplace_back(n);
             sums.emplace_back(l.hd, 0.125f * j);
           }
           sums_alone = sums;
-          for (size_t j = 0; j < kQueries; ++j) {
+          for (size_t j = 0; j < queries; ++j) {
             q_ptr.push_back(q[j].data());
             p_ptr.push_back(p[j].data());
             score_ptr.push_back(scores[j].data());
             sum_ptr.push_back(sums[j].data());
           }
-          kernels::kv_scores_queries(kv, q_ptr.data(), kQueries, n, l.hd, 0.7f, score_ptr.data());
-          kernels::kv_accumulate_queries(kv, p_ptr.data(), kQueries, n, l.hd, sum_ptr.data());
+          kernels::kv_scores_queries(kv, q_ptr.data(), queries, n, l.hd, 0.7f, score_ptr.data());
+          kernels::kv_accumulate_queries(kv, p_ptr.data(), queries, n, l.hd, sum_ptr.data());
           const std::string where = std::string(kernels::isa_name(isa)) + " " +
                                     std::string(dtype_name(t)) + " hd " + std::to_string(l.hd) +
                                     " at " + std::to_string(l.at) + " n " + std::to_string(n);
-          for (size_t j = 0; j < kQueries; ++j) {
+          for (size_t j = 0; j < queries; ++j) {
             alone[j].resize(n);
             kernels::kv_scores(kv, q[j].data(), n, l.hd, 0.7f, alone[j].data());
             kernels::kv_accumulate(kv, p[j].data(), n, l.hd, sums_alone[j].data());
