@@ -30,6 +30,9 @@ Speeds speeds(const engine::RequestStats& s) {
   return {s.prompt_tokens / (s.prefill_ms / 1e3), (s.generated_tokens - 1) / (s.decode_ms / 1e3)};
 }
 
+// Passes over the bandwidth array per measurement: a pass takes about 25 ms.
+constexpr int kProbePasses = 3;
+
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -46,18 +49,20 @@ uint64_t read_sum(const uint64_t* p, size_t n) {
 }
 }  // namespace
 
-double measure_read_bandwidth(size_t bytes, int threads) {
-  const size_t n = bytes / sizeof(uint64_t);
-  AlignedBuffer<uint64_t> data(n);
-  for (size_t i = 0; i < n; ++i) data[i] = i;
+ReadBandwidth::ReadBandwidth(size_t bytes) : data_(bytes / sizeof(uint64_t)) {
+  for (size_t i = 0; i < data_.size(); ++i) data_[i] = i;
+}
+
+double ReadBandwidth::measure(int threads, int passes) {
+  const size_t n = data_.size();
   ThreadPool pool(threads);
   double best = 0.0;
   std::vector<uint64_t> sink(threads);
-  for (int rep = 0; rep < 6; ++rep) {
+  for (int pass = 0; pass < passes; ++pass) {
     const auto start = Clock::now();
     pool.run([&](int t) {
       const size_t begin = n * t / threads, end = n * (t + 1) / threads;
-      sink[t] += read_sum(data.data() + begin, end - begin);
+      sink[t] += read_sum(data_.data() + begin, end - begin);
     });
     best = std::max(best, static_cast<double>(n * sizeof(uint64_t)) / seconds_since(start) / 1e9);
   }
@@ -66,19 +71,20 @@ double measure_read_bandwidth(size_t bytes, int threads) {
   return best;
 }
 
+namespace {
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 != 0 ? v[m] : (v[m - 1] + v[m]) / 2.0;
+}
+}  // namespace
+
 void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
-  std::map<int, double> bandwidth;
-  out << fmt::format("memory read bandwidth ({} array, best of 6):",
-                     format_bytes(o.bandwidth_bytes));
-  for (int t : o.threads) {
-    bandwidth[t] = measure_read_bandwidth(o.bandwidth_bytes, t);
-    out << fmt::format("  {} thread{}: {:.1f} GB/s", t, t > 1 ? "s" : "", bandwidth[t]);
-  }
-  out << "\n\n";
+  ReadBandwidth bandwidth(o.bandwidth_bytes);
   out << fmt::format("KV cache: {}\n", kv::kv_dtypes_name(o.kv_k_dtype, o.kv_v_dtype));
-  out << fmt::format("{:<16} {:<5} {:>7} {:>10} {:>12} {:>8} {:>11} {:>8} {:>12} {:>9}\n", "model",
-                     "dtype", "threads", "weights", "prefill t/s", "vs rows", "decode t/s",
-                     "vs rows", "decode GB/s", "of limit");
+  out << fmt::format("{:<16} {:<5} {:>7} {:>10} {:>12} {:>8} {:>11} {:>8} {:>12} {:>11} {:>9}\n",
+                     "model", "dtype", "threads", "weights", "prefill t/s", "vs rows", "decode t/s",
+                     "vs rows", "decode GB/s", "limit GB/s", "of limit");
   out.flush();
   for (const std::string& preset : o.presets) {
     for (DType dtype : o.dtypes) {
@@ -112,18 +118,32 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
         r.max_tokens = o.decode_tokens + 1;
         // The same request without and with the GEMM tiles, back to back in one process, so
         // that their ratio is measured under the same load.
-        Speeds untiled, tiled;
         kernels::set_gemm_tiles(false);
-        untiled = speeds(engine::complete(engine, r).stats);
+        const Speeds untiled = speeds(engine::complete(engine, r).stats);
         kernels::set_gemm_tiles(true);
-        tiled = speeds(engine::complete(engine, r).stats);
-        const double gbps = model->bytes_read_per_token() * tiled.decode / 1e9;
+        // A shared machine's bandwidth moves by tens of percent from one minute to the next,
+        // so each decode run is set against the bandwidth measured just before and just after
+        // it, and the figures are the medians over the runs.
+        std::vector<double> prefill, decode, limit, fraction;
+        double before = bandwidth.measure(threads, kProbePasses);
+        for (int run = 0; run < o.runs; ++run) {
+          const Speeds tiled = speeds(engine::complete(engine, r).stats);
+          const double after = bandwidth.measure(threads, kProbePasses);
+          const double around = (before + after) / 2.0;
+          prefill.push_back(tiled.prefill);
+          decode.push_back(tiled.decode);
+          limit.push_back(around);
+          fraction.push_back(model->bytes_read_per_token() * tiled.decode / 1e9 / around);
+          before = after;
+        }
+        const double decode_tps = median(decode);
         out << fmt::format(
             "{:<16} {:<5} {:>7} {:>10} {:>12.1f} {:>7.2f}x {:>11.1f} {:>7.2f}x {:>12.1f} "
-            "{:>9.2f}\n",
-            preset, dtype_name(dtype), threads, format_bytes(model->weight_bytes()), tiled.prefill,
-            tiled.prefill / untiled.prefill, tiled.decode, tiled.decode / untiled.decode, gbps,
-            gbps / bandwidth[threads]);
+            "{:>11.1f} {:>9.2f}\n",
+            preset, dtype_name(dtype), threads, format_bytes(model->weight_bytes()),
+            median(prefill), median(prefill) / untiled.prefill, decode_tps,
+            decode_tps / untiled.decode, model->bytes_read_per_token() * decode_tps / 1e9,
+            median(limit), median(fraction));
         out.flush();
       }
     }
@@ -132,8 +152,11 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
       "\nkernels: {}; vs rows = speed with the GEMM tiles / one dot product at a "
       "time (same results)\n",
       kernels::isa_name(kernels::active_isa()));
-  out << "of limit = weight bytes read per decoded token x decode tokens/s / measured read "
-         "bandwidth at the same thread count\n";
+  out << fmt::format(
+      "limit GB/s = read bandwidth of a {} array at the same thread count, best of {} passes, "
+      "measured just before and just after each decode run; of limit = weight bytes read per "
+      "decoded token x decode tokens/s / that run's limit; every figure the median of {} runs\n",
+      format_bytes(o.bandwidth_bytes), kProbePasses, o.runs);
 }
 
 }  // namespace kvc::bench

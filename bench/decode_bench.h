@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "base/aligned_buffer.h"
 #include "base/dtype.h"
 
 namespace kvc::bench {
@@ -19,18 +20,23 @@ struct DecodeBenchOptions {
   DType kv_v_dtype = DType::F16;
   int prompt_tokens = 128;
   int decode_tokens = 32;
+  int runs = 3;  // decode runs per row, each between two bandwidth measurements
   size_t bandwidth_bytes = size_t{1} << 30;  // array read to measure bandwidth
   // Returns the path of the synthetic model (preset, dtype), writing it if needed.
   std::function<std::string(const std::string&, DType)> model_path;
 };
 
-struct BandwidthResult {
-  int threads;
-  double gb_per_s;
-};
+// This machine's memory read bandwidth, measured by summing an array well above the caches.
+class ReadBandwidth {
+ public:
+  // Allocates and fills the array of `bytes`.
+  explicit ReadBandwidth(size_t bytes);
+  // GB/s of the fastest of `passes` reads of the whole array split over `threads` threads.
+  double measure(int threads, int passes);
 
-// Best-of-several read bandwidth over an array of the given size with n threads.
-double measure_read_bandwidth(size_t bytes, int threads);
+ private:
+  AlignedBuffer<uint64_t> data_;
+};
 
 // Runs every (preset, dtype, threads) combination and prints a table to out.
 void run_decode_bench(const DecodeBenchOptions& options, std::ostream& out);

@@ -41,8 +41,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("-t,--threads", o->threads,
                   "Thread counts (default: every core with -m, else 1,2)")
       ->delimiter(',');
-  cmd->add_option("-r,--repetitions", m->repetitions, "Repetitions of each test (-m)")
-      ->capture_default_str();
+  cmd->add_option("-r,--repetitions", m->repetitions,
+                  "Repetitions of each test (default 5; without -m the decode runs of each row, "
+                  "default 3)");
   cmd->add_option("--npl", m->n_parallel,
                   "Sequences decoding together after one shared -p prompt (-m; also -npl)")
       ->delimiter(',')
@@ -82,6 +83,8 @@ void add_bench_command(CLI::App& app) {
       o->dtypes.push_back(*t);
     }
     if (o->prompt_tokens < 1 || o->decode_tokens < 1) fail("token counts must be positive");
+    if (cmd->count("--repetitions") > 0) o->runs = m->repetitions;
+    if (o->runs < 1) fail("-r must be at least 1");
     o->model_path = ensure_synthetic_model;
     bench::run_decode_bench(*o, std::cout);
   });

@@ -162,26 +162,33 @@ void expect_extreme_activations_equal_the_single_row_dot(Operands& ops, std::mt1
   }
 }
 
-// The int8 kernels rewrite the sign handling of the single-row dot; extreme values (-128 in a
-// weight, which no quantizer writes but a file may hold, and +-127 everywhere) must still give
-// the same exact sums.
+// Activation rows of a decode call (at most four, which take the narrow path) and of a tiled
+// one.
+constexpr size_t kNarrowAndTiledRows[] = {1, 3, 5};
+
+// The int8 kernels rewrite the sign handling of the single-row dot (the tiles add a bias, the
+// narrow path moves each weight's sign onto its activation); extreme values (-128 in a weight,
+// which no quantizer writes but a file may hold, and +-127 everywhere) must still give the same
+// exact sums.
 TEST_P(GemmTest, ExtremeInt8ValuesEqualTheSingleRowDot) {
   for (DType wt : {DType::Q8_0, DType::Q4_0}) {
-    Operands ops(wt, 96, 5, 5, 3);
-    std::mt19937 rng(9);
-    for (size_t c = 0; c < ops.n_w; ++c) {
-      auto* blocks = &ops.w[c * ops.w_stride];
-      for (size_t b = 0; b < ops.n / 32; ++b) {
-        if (wt == DType::Q8_0) {
-          auto* q = reinterpret_cast<BlockQ8_0*>(blocks) + b;
-          for (int8_t& v : q->qs) v = (rng() & 1) ? -128 : 127;
-        } else {
-          auto* q = reinterpret_cast<BlockQ4_0*>(blocks) + b;
-          for (uint8_t& v : q->qs) v = (rng() & 1) ? 0x0f : 0x00;
+    for (size_t n_x : kNarrowAndTiledRows) {
+      Operands ops(wt, 96, 5, n_x, 3);
+      std::mt19937 rng(9);
+      for (size_t c = 0; c < ops.n_w; ++c) {
+        auto* blocks = &ops.w[c * ops.w_stride];
+        for (size_t b = 0; b < ops.n / 32; ++b) {
+          if (wt == DType::Q8_0) {
+            auto* q = reinterpret_cast<BlockQ8_0*>(blocks) + b;
+            for (int8_t& v : q->qs) v = (rng() & 1) ? -128 : 127;
+          } else {
+            auto* q = reinterpret_cast<BlockQ4_0*>(blocks) + b;
+            for (uint8_t& v : q->qs) v = (rng() & 1) ? 0x0f : 0x00;
+          }
         }
       }
+      expect_extreme_activations_equal_the_single_row_dot(ops, rng);
     }
-    expect_extreme_activations_equal_the_single_row_dot(ops, rng);
   }
 }
 
@@ -218,17 +225,19 @@ std::vector<size_t> f16_fields(DType t) {
 TEST_P(GemmTest, RandomBlockBytesEqualTheSingleRowDot) {
   for (DType wt : kWeightTypes) {
     if (f16_fields(wt).empty()) continue;
-    Operands ops(wt, block_elements(wt) == 256 ? 768 : 96, 5, 5, 3);
-    std::mt19937 rng(11);
-    for (size_t i = 0; i < ops.w.size(); ++i) ops.w[i] = static_cast<uint8_t>(rng());
-    std::uniform_real_distribution<float> scale(-0.1f, 0.1f);
-    for (size_t b = 0; b < ops.w.size() / block_bytes(wt); ++b) {
-      for (size_t offset : f16_fields(wt)) {
-        const uint16_t h = f32_to_f16(scale(rng));
-        std::memcpy(&ops.w[b * block_bytes(wt) + offset], &h, sizeof h);
+    for (size_t n_x : kNarrowAndTiledRows) {
+      Operands ops(wt, block_elements(wt) == 256 ? 768 : 96, 5, n_x, 3);
+      std::mt19937 rng(11);
+      for (size_t i = 0; i < ops.w.size(); ++i) ops.w[i] = static_cast<uint8_t>(rng());
+      std::uniform_real_distribution<float> scale(-0.1f, 0.1f);
+      for (size_t b = 0; b < ops.w.size() / block_bytes(wt); ++b) {
+        for (size_t offset : f16_fields(wt)) {
+          const uint16_t h = f32_to_f16(scale(rng));
+          std::memcpy(&ops.w[b * block_bytes(wt) + offset], &h, sizeof h);
+        }
       }
+      expect_extreme_activations_equal_the_single_row_dot(ops, rng);
     }
-    expect_extreme_activations_equal_the_single_row_dot(ops, rng);
   }
 }
 
