@@ -193,12 +193,17 @@ TEST(Cli, MakeModelWritesTheContextLengthAsked) {
 TEST(Cli, BenchReportsDecodeAgainstBandwidth) {
   const Result r = kvcache(
       "bench --models tiny --dtypes q8_0 --threads 1 --prompt-tokens 8 --decode-tokens 4 "
-      "--bandwidth-mib 64");
+      "--bandwidth-mib 64 -r 2");
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("memory read bandwidth"));
+  EXPECT_THAT(r.out, HasSubstr("limit GB/s"));
   EXPECT_THAT(r.out, HasSubstr("of limit"));
+  EXPECT_THAT(r.out, HasSubstr("measured just before and just after each decode run"));
+  EXPECT_THAT(r.out, HasSubstr("the median of 2 runs"));
   EXPECT_THAT(r.out, ::testing::ContainsRegex("tiny +q8_0 +1 "));
   EXPECT_THAT(r.out, HasSubstr("vs rows"));
+  const Result none = kvcache("bench --models tiny --dtypes q8_0 --threads 1 -r 0");
+  EXPECT_EQ(none.status, 1);
+  EXPECT_THAT(none.err, HasSubstr("-r must be at least 1"));
 }
 
 TEST(Cli, BenchWithAModelRunsLlamaBenchsTestsAsJson) {
