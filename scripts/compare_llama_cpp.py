@@ -13,10 +13,12 @@ log-probabilities of llama.cpp's top 10 (its file stores them to about 1.2e-4).
 
 Compute targets (--targets): the compute issue's table for each model, in one run: pp512 and
 tg128 against the faster of `llama-bench -fa 0` and `-fa 1`; prefill of 512 tokens and decode
-of 128 at depth 4096 (llama-bench -d where this llama.cpp has it, else from
-`llama-batched-bench`: prefill at depth as 512 tokens over the median of each run's difference
-of the times of its 4608- and 4096-token prompts, held to its pp512 from empty where it would
-exceed it, decode at depth as its decode after a 4096-token prompt); and 16
+of 128 at depth 4096 (llama-bench -d where this llama.cpp has it; else, where the bin directory
+has llama-server, the server's own timings of the 512 tokens after a cached 4096-token prompt
+and of 128 tokens decoded after it, the median of -r runs, the faster of -fa off and on; else
+from `llama-batched-bench`: prefill at depth as 512 tokens over the median of each run's
+difference of the times of its 4608- and 4096-token prompts, held to its pp512 from empty
+where it would exceed it, decode at depth as its decode after a 4096-token prompt); and 16
 sequences decoding 128 tokens each after one shared 1,000-token prompt against
 `llama-batched-bench -pps`. Each llama-batched-bench figure is the median of -r runs. Each row
 says the target it is held to and whether it is met; KVCACHE_ISA in the environment picks
@@ -27,10 +29,14 @@ import argparse
 import json
 import os
 import re
+import socket
 import struct
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.error
+import urllib.request
 
 
 def run(cmd):
@@ -114,6 +120,60 @@ def llama_bench_has_depth(args):
     return "--n-depth" in help_text.stdout + help_text.stderr
 
 
+def server_depth_runs(args, model, fa, depth, prompt, gen):
+    """Per run of -r, with llama-server holding `depth` tokens of a prompt in its slot: its own
+    timings of the next `prompt` tokens (prompt_per_second) and of `gen` tokens decoded after the
+    `depth` tokens (predicted_per_second). Each run's tokens differ from the others', so each
+    computes its depth afresh; token ids stay below 500, inside any vocabulary."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [os.path.join(args.llama_cpp, "llama-server"), "-m", model, "-t", args.t, "-tb", args.t,
+         "-c", str(depth + prompt + gen + 64), "-np", "1", "-ctk", args.kv_dtype, "-ctv",
+         args.kv_dtype, *(["-fa"] if fa else []), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+
+    def post(tokens, n_predict):
+        body = json.dumps({"prompt": tokens, "n_predict": n_predict, "cache_prompt": True,
+                           "ignore_eos": True, "temperature": 0}).encode()
+        request = urllib.request.Request(url + "/completion", body,
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=600) as response:
+            return json.loads(response.read())["timings"]
+
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            if server.poll() is not None or time.time() > deadline:
+                sys.exit(f"llama-server on {model} did not start (exit {server.poll()})")
+            time.sleep(0.5)
+        runs = []
+        for run_index in range(int(args.r)):
+            tokens = [3 + (i * 7919 + run_index * 104729) % 497 for i in range(depth + prompt)]
+            post(tokens[:depth], 1)
+            deep = post(tokens, 1)
+            if deep["prompt_n"] != prompt:
+                sys.exit(f"llama-server computed {deep['prompt_n']} prompt tokens, not {prompt}: "
+                         "its prompt cache was not reused")
+            decode = post(tokens[:depth], gen)
+            if decode["prompt_n"] > 1 or decode["predicted_n"] != gen:
+                sys.exit(f"llama-server decoded {decode['predicted_n']} tokens after computing "
+                         f"{decode['prompt_n']} prompt tokens, not {gen} after a cached prompt")
+            runs.append((deep["prompt_per_second"], decode["predicted_per_second"]))
+        return runs
+    finally:
+        server.terminate()
+        server.wait()
+
+
 def compute_targets(args, model):
     """Rows (test, kvcache t/s, llama.cpp t/s, how llama.cpp was measured, target or None) of
     one model. Where the keys and values at depth 4096 are at least half of the bytes a decode
@@ -130,12 +190,21 @@ def compute_targets(args, model):
         deep_theirs = llama_bench(args, model, "-p", "512", "-n", "128", "-d", "4096")
         pp_deep, tg_deep = deep_theirs["pp512"], deep_theirs["tg128"]
         how = "llama-bench -d"
+    elif os.path.exists(os.path.join(args.llama_cpp, "llama-server")):
+        # llama-server's own timings of the 512 tokens after a cached 4096-token prompt and of
+        # 128 tokens decoded after it: what llama-bench -d times, where this llama.cpp lacks it.
+        pp_deep = tg_deep = 0.0
+        for fa in (False, True):
+            runs = server_depth_runs(args, model, fa, 4096, 512, 128)
+            pp_deep = max(pp_deep, median(r[0] for r in runs))
+            tg_deep = max(tg_deep, median(r[1] for r in runs))
+        how = "llama-server timings, cached 4096-token prompt"
     else:
-        # Prefill at depth: 512 tokens over the difference of one run's 4608- and 4096-token
-        # prompt times, the median over the runs. Each time is 12-14 s here and the difference
-        # about 1 s, so a run's noise can make the difference tiny; prefill at depth cannot
-        # outrun prefill from empty (attention only adds work), so the figure is held to
-        # llama-bench's pp512 where it would exceed it.
+        # Prefill at depth: 512 tokens over the median of each run's difference of the times of
+        # its 4608- and 4096-token prompts. Each time is 12-14 s here and the difference about
+        # 1 s, so a run's noise can make the difference tiny; prefill at depth cannot outrun
+        # prefill from empty (attention only adds work), so the figure is held to llama-bench's
+        # pp512 where it would exceed it.
         pp_deep = tg_deep = 0.0
         for fa in (False, True):
             runs = batched_bench_runs(args, model, fa, "-c", "4736", "-npp", "4096,4608", "-ntg",

@@ -234,20 +234,6 @@ struct IntTile {
   // reading the activations as quantised (34 bytes per 32 values) instead of prepare()'s layout
   // (64), so that they take less of the first-level cache beside the weight stream, as on
   // AVX-512. The same operations as the tile.
-  static void narrow(const uint8_t* w, size_t ws, size_t n_w, const uint8_t* x, size_t xs,
-                     size_t n_x, size_t n, float* y, size_t ys) {
-    switch (n_x) {
-      case 1:
-        return narrow_rows<1>(w, ws, n_w, x, xs, n, y, ys);
-      case 2:
-        return narrow_rows<2>(w, ws, n_w, x, xs, n, y, ys);
-      case 3:
-        return narrow_rows<3>(w, ws, n_w, x, xs, n, y, ys);
-      default:
-        return narrow_rows<4>(w, ws, n_w, x, xs, n, y, ys);
-    }
-  }
-
   template <int MR>
   static void narrow_rows(const uint8_t* w, size_t ws, size_t n_w, const uint8_t* x, size_t xs,
                           size_t n, float* y, size_t ys) {

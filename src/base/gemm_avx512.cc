@@ -363,20 +363,8 @@ struct IntTile {
   // leaving the weight stream room (measured, the GEMV of 2,048 x 5,632 q8_0 weights on 2
   // threads, interleaved: 1.2-1.4x). Each weight's sign moves onto its activation, |w| * +-x,
   // so dpbusd needs no bias and its int32 sums, exact, are the tile's: every bit after them too.
-  static void narrow(const uint8_t* w, size_t ws, size_t n_w, const uint8_t* x, size_t xs,
-                     size_t n_x, size_t n, float* y, size_t ys) {
-    switch (n_x) {
-      case 1:
-        return narrow_rows<1>(w, ws, n_w, x, xs, n, y, ys);
-      case 2:
-        return narrow_rows<2>(w, ws, n_w, x, xs, n, y, ys);
-      case 3:
-        return narrow_rows<3>(w, ws, n_w, x, xs, n, y, ys);
-      default:
-        return narrow_rows<4>(w, ws, n_w, x, xs, n, y, ys);
-    }
-  }
-
+  // (Activations are quantised to [-127, 127], so negating one never overflows; |-128| is 128
+  // as dpbusd's unsigned operand.)
   template <int MR>
   static void narrow_rows(const uint8_t* w, size_t ws, size_t n_w, const uint8_t* x, size_t xs,
                           size_t n, float* y, size_t ys) {

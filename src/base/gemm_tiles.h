@@ -71,18 +71,29 @@ void gemm_rest_rows(size_t rows, const uint8_t* w, size_t w_stride, size_t c_beg
 
 // A kernel may also provide K::prepare(x, x_stride, n_x, n, &stride), which rewrites the
 // activation rows once per call into the layout its tiles read (returning the rows and setting
-// their stride), so that no tile redoes that work for every weight row; and K::narrow(w,
-// w_stride, n_w, x, x_stride, n_x, n, y, y_stride), which takes calls of at most
-// kGemmNarrowRows activation rows, as given, with every value's bits those of the tiles.
+// their stride), so that no tile redoes that work for every weight row; and
+// K::narrow_rows<MR>(w, w_stride, n_w, x, x_stride, n, y, y_stride), which takes calls of
+// MR <= kGemmNarrowRows activation rows, as given, with every value's bits those of the tiles.
 template <class K>
 void gemm_tiled(const void* w, size_t w_stride, size_t n_w, const void* x, size_t x_stride,
                 size_t n_x, size_t n, float* y, size_t y_stride) {
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* xb = static_cast<const uint8_t*>(x);
-  if constexpr (requires { K::narrow(wb, w_stride, n_w, xb, x_stride, n_x, n, y, y_stride); }) {
-    if (n_x <= kGemmNarrowRows) {
-      K::narrow(wb, w_stride, n_w, xb, x_stride, n_x, n, y, y_stride);
-      return;
+  if constexpr (requires {
+                  K::template narrow_rows<1>(wb, w_stride, n_w, xb, x_stride, n, y, y_stride);
+                }) {
+    switch (n_x) {
+      case 1:
+        return K::template narrow_rows<1>(wb, w_stride, n_w, xb, x_stride, n, y, y_stride);
+      case 2:
+        return K::template narrow_rows<2>(wb, w_stride, n_w, xb, x_stride, n, y, y_stride);
+      case 3:
+        return K::template narrow_rows<3>(wb, w_stride, n_w, xb, x_stride, n, y, y_stride);
+      case 4:
+        return K::template narrow_rows<4>(wb, w_stride, n_w, xb, x_stride, n, y, y_stride);
+      default:
+        static_assert(kGemmNarrowRows == 4);
+        break;
     }
   }
   if constexpr (requires { K::prepare(xb, x_stride, n_x, n, &x_stride); }) {
