@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -45,5 +46,17 @@ class AlignedBuffer {
   std::unique_ptr<T, Free> data_;
   size_t size_ = 0;
 };
+
+// Bytes a growable buffer needs beyond `bytes` so that line_aligned(its data) holds them.
+inline size_t line_aligned_size(size_t bytes) {
+  return bytes + AlignedBuffer<uint8_t>::kAlignment - 1;
+}
+
+// The first address at or after p on a cache line (AlignedBuffer's alignment), where a vector's
+// wide loads never span two lines.
+inline uint8_t* line_aligned(uint8_t* p) {
+  constexpr uintptr_t kLine = AlignedBuffer<uint8_t>::kAlignment;
+  return p + ((kLine - reinterpret_cast<uintptr_t>(p) % kLine) % kLine);
+}
 
 }  // namespace kvc

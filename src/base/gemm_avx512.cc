@@ -41,7 +41,22 @@ const T* row_at(const uint8_t* base, size_t stride, int index) {
   return reinterpret_cast<const T*>(base + static_cast<size_t>(index) * stride);
 }
 
+// Sixteen f32 weights by one 64-byte load, or by two 32-byte halves for rows that start 32
+// bytes into a cache line (a GGUF's data is only 32-byte aligned), where each whole load would
+// span two lines (an interleaved measurement of TinyLlama-shaped GEMVs: 1.26x faster aligned
+// on one thread, 1.10x on two). The same values either way.
+struct WholeLoad {
+  static __m512 load(const float* p) { return _mm512_loadu_ps(p); }
+};
+struct HalvesLoad {
+  static __m512 load(const float* p) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(p)), _mm256_loadu_ps(p + 8),
+                              1);
+  }
+};
+
 // f32 weights: four accumulators per output over 64-element steps, as dot_f32_avx512.
+template <class WLoad>
 struct F32Tile {
   static constexpr int kRows = 2;
   static constexpr int kCols = 3;
@@ -87,7 +102,7 @@ struct F32Tile {
                           __m512 (&acc)[MR][NR][4]) {
     __m512 av[NR];
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) av[j] = _mm512_loadu_ps(a[j] + i);
+    for (int j = 0; j < NR; ++j) av[j] = WLoad::load(a[j] + i);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const __m512 bv = _mm512_loadu_ps(b[r] + i);
@@ -573,11 +588,21 @@ struct KQuantTile512 {
   }
 };
 
+// f32 weights whose rows all start 32 bytes into a line take their loads in halves.
+void gemm_f32(const void* w, size_t w_stride, size_t n_w, const void* x, size_t x_stride,
+              size_t n_x, size_t n, float* y, size_t y_stride) {
+  if (reinterpret_cast<uintptr_t>(w) % 64 == 32 && w_stride % 64 == 0) {
+    gemm_tiled<F32Tile<HalvesLoad>>(w, w_stride, n_w, x, x_stride, n_x, n, y, y_stride);
+  } else {
+    gemm_tiled<F32Tile<WholeLoad>>(w, w_stride, n_w, x, x_stride, n_x, n, y, y_stride);
+  }
+}
+
 }  // namespace
 
 const GemmTable* avx512_gemm() {
   static const GemmTable table = {{
-      gemm_tiled<F32Tile>,
+      gemm_f32,
       gemm_tiled<Half16Tile<LoadF16>>,
       gemm_tiled<Half16Tile<LoadBf16>>,
       gemm_tiled<IntTile<Q8Weights>>,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "base/aligned_buffer.h"
 #include "base/kernels.h"
 
 namespace kvc {
@@ -11,12 +12,14 @@ namespace {
 constexpr size_t kMinMacsPerThread = 1 << 15;
 constexpr size_t kMinElementsPerThread = 1 << 14;
 
-// x's rows prepared for weights of w's dtype and in_dim into scratch; returns their stride.
-size_t prepare_rows(ThreadPool& pool, const WeightView& w, const float* x, size_t n_rows,
-                    std::vector<uint8_t>& scratch) {
+// x's rows prepared for weights of w's dtype and in_dim into scratch, from a cache line (so
+// that no wide load of them spans two); returns where they start and sets their stride.
+const uint8_t* prepare_rows(ThreadPool& pool, const WeightView& w, const float* x, size_t n_rows,
+                            std::vector<uint8_t>& scratch, size_t* stride) {
   const size_t x_stride = kernels::activation_row_bytes(w.dtype, w.in_dim);
-  scratch.resize(x_stride * n_rows);
-  uint8_t* xq = scratch.data();
+  *stride = x_stride;
+  scratch.resize(line_aligned_size(x_stride * n_rows));
+  uint8_t* xq = line_aligned(scratch.data());
   pool.parallel_for(
       n_rows,
       [&](size_t begin, size_t end) {
@@ -25,7 +28,7 @@ size_t prepare_rows(ThreadPool& pool, const WeightView& w, const float* x, size_
         }
       },
       std::max<size_t>(1, kMinElementsPerThread / w.in_dim));
-  return x_stride;
+  return xq;
 }
 
 }  // namespace
@@ -47,7 +50,8 @@ void matmul_stacked(ThreadPool& pool, std::span<const WeightView> ws, const floa
     for (size_t i = 0; i < ws.size(); ++i) matmul(pool, ws[i], x, n_rows, ys[i], scratch);
     return;
   }
-  const size_t x_stride = prepare_rows(pool, lead, x, n_rows, scratch);
+  size_t x_stride = 0;
+  const uint8_t* xq = prepare_rows(pool, lead, x, n_rows, scratch, &x_stride);
   size_t stacked = 0;
   for (const WeightView& w : ws) stacked += w.out_dim;
   const size_t macs_per_column = lead.in_dim * n_rows;
@@ -60,8 +64,8 @@ void matmul_stacked(ThreadPool& pool, std::span<const WeightView> ws, const floa
           const size_t o_begin = std::max(begin, first) - first;
           const size_t o_end = std::min(end, first + w.out_dim) - std::min(end, first);
           if (o_end <= o_begin) continue;
-          kernels::gemm(w.dtype, w.row(o_begin), w.row_stride(), o_end - o_begin, scratch.data(),
-                        x_stride, n_rows, w.in_dim, ys[i] + o_begin, w.out_dim);
+          kernels::gemm(w.dtype, w.row(o_begin), w.row_stride(), o_end - o_begin, xq, x_stride,
+                        n_rows, w.in_dim, ys[i] + o_begin, w.out_dim);
         }
       },
       std::max<size_t>(1, kMinMacsPerThread / macs_per_column));
