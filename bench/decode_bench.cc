@@ -4,10 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 
-#include "base/aligned_buffer.h"
 #include "base/byte_size.h"
+#include "base/histogram.h"
 #include "base/kernels.h"
 #include "base/thread_pool.h"
 #include "engine/completion.h"
@@ -71,14 +70,6 @@ double ReadBandwidth::measure(int threads, int passes) {
   return best;
 }
 
-namespace {
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 != 0 ? v[m] : (v[m - 1] + v[m]) / 2.0;
-}
-}  // namespace
-
 void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
   ReadBandwidth bandwidth(o.bandwidth_bytes);
   out << fmt::format("KV cache: {}\n", kv::kv_dtypes_name(o.kv_k_dtype, o.kv_v_dtype));
@@ -136,14 +127,14 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
           fraction.push_back(model->bytes_read_per_token() * tiled.decode / 1e9 / around);
           before = after;
         }
-        const double decode_tps = median(decode);
+        const double decode_tps = quantile(decode, 0.5);
         out << fmt::format(
             "{:<16} {:<5} {:>7} {:>10} {:>12.1f} {:>7.2f}x {:>11.1f} {:>7.2f}x {:>12.1f} "
             "{:>11.1f} {:>9.2f}\n",
             preset, dtype_name(dtype), threads, format_bytes(model->weight_bytes()),
-            median(prefill), median(prefill) / untiled.prefill, decode_tps,
+            quantile(prefill, 0.5), quantile(prefill, 0.5) / untiled.prefill, decode_tps,
             decode_tps / untiled.decode, model->bytes_read_per_token() * decode_tps / 1e9,
-            median(limit), median(fraction));
+            quantile(limit, 0.5), quantile(fraction, 0.5));
         out.flush();
       }
     }

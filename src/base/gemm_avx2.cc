@@ -230,32 +230,29 @@ struct IntTile {
     return _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), dot, acc);
   }
 
-  // Decode's few activation rows (at most kGemmNarrowRows) against each weight row in turn,
-  // reading the activations as quantised (34 bytes per 32 values) instead of prepare()'s layout
-  // (64), so that they take less of the first-level cache beside the weight stream, as on
-  // AVX-512. The same operations as the tile.
+  // Decode's few activation rows (at most kGemmNarrowRows) against one weight row, reading the
+  // activations as quantised (34 bytes per 32 values) instead of prepare()'s layout (64), so that
+  // they take less of the first-level cache beside the weight stream, as on AVX-512. The same
+  // operations as the tile.
   template <int MR>
-  static void narrow_rows(const uint8_t* w, size_t ws, size_t n_w, const uint8_t* x, size_t xs,
-                          size_t n, float* y, size_t ys) {
-    static_assert(MR <= kGemmNarrowRows);
+  static void narrow_column(const uint8_t* w, const uint8_t* const (&x)[MR], size_t n, float* y,
+                            size_t ys) {
+    const auto* a = reinterpret_cast<const WBlock*>(w);
     const BlockQ8_0* b[MR];
-    for (int r = 0; r < MR; ++r) b[r] = row_at<BlockQ8_0>(x, xs, r);
-    for (size_t c = 0; c < n_w; ++c) {
-      const WBlock* a = row_at<WBlock>(w, ws, static_cast<int>(c));
-      __m256 acc[MR][1];
-      for (int r = 0; r < MR; ++r) acc[r][0] = _mm256_setzero_ps();
-      for (size_t i = 0; i < n / 32; ++i) {
-        const __m256i wq = W::values(a[i]);
-        const __m256i wabs = _mm256_sign_epi8(wq, wq);
-        const __m256 dw = scale(&a[i].d);
+    for (int r = 0; r < MR; ++r) b[r] = reinterpret_cast<const BlockQ8_0*>(x[r]);
+    __m256 acc[MR][1];
+    for (int r = 0; r < MR; ++r) acc[r][0] = _mm256_setzero_ps();
+    for (size_t i = 0; i < n / 32; ++i) {
+      const __m256i wq = W::values(a[i]);
+      const __m256i wabs = _mm256_sign_epi8(wq, wq);
+      const __m256 dw = scale(&a[i].d);
 #pragma GCC unroll 4
-        for (int r = 0; r < MR; ++r) {
-          const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[r][i].qs));
-          acc[r][0] = add_block(wq, wabs, dw, xq, scale(&b[r][i].d), acc[r][0]);
-        }
+      for (int r = 0; r < MR; ++r) {
+        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[r][i].qs));
+        acc[r][0] = add_block(wq, wabs, dw, xq, scale(&b[r][i].d), acc[r][0]);
       }
-      store_sums<MR, 1>(acc, y + c, ys);
     }
+    store_sums<MR, 1>(acc, y, ys);
   }
 };
 

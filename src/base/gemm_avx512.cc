@@ -372,45 +372,42 @@ struct IntTile {
     return hsum256(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(corr8, xu, wv))));
   }
 
-  // Decode's few activation rows (at most kGemmNarrowRows) against each weight row in turn,
-  // reading the activations as quantised (34 bytes per 32 values) instead of prepare()'s layout
-  // (96): a row of 5,632 values then keeps 6 KB of the first-level cache instead of 17 KB,
-  // leaving the weight stream room (measured, the GEMV of 2,048 x 5,632 q8_0 weights on 2
-  // threads, interleaved: 1.2-1.4x). Each weight's sign moves onto its activation, |w| * +-x,
-  // so dpbusd needs no bias and its int32 sums, exact, are the tile's: every bit after them too.
-  // (Activations are quantised to [-127, 127], so negating one never overflows; |-128| is 128
-  // as dpbusd's unsigned operand.)
+  // Decode's few activation rows (at most kGemmNarrowRows) against one weight row, reading the
+  // activations as quantised (34 bytes per 32 values) instead of prepare()'s layout (96): a row of
+  // 5,632 values then keeps 6 KB of the first-level cache instead of 17 KB, leaving the weight
+  // stream room (measured, the GEMV of 2,048 x 5,632 q8_0 weights on 2 threads,
+  // interleaved: 1.2-1.4x). Each weight's sign moves onto its activation, |w| * +-x, so dpbusd
+  // needs no bias and its int32 sums, exact, are the tile's: every bit after them too. (Activations
+  // are quantised to [-127, 127], so negating one never overflows; |-128| is 128 as dpbusd's
+  // unsigned operand.)
   template <int MR>
-  static void narrow_rows(const uint8_t* w, size_t ws, size_t n_w, const uint8_t* x, size_t xs,
-                          size_t n, float* y, size_t ys) {
-    static_assert(MR <= kGemmNarrowRows);
+  static void narrow_column(const uint8_t* w, const uint8_t* const (&x)[MR], size_t n, float* y,
+                            size_t ys) {
+    const auto* a = reinterpret_cast<const WBlock*>(w);
     const BlockQ8_0* b[MR];
-    for (int r = 0; r < MR; ++r) b[r] = row_at<BlockQ8_0>(x, xs, r);
+    for (int r = 0; r < MR; ++r) b[r] = reinterpret_cast<const BlockQ8_0*>(x[r]);
     const size_t blocks = n / 32;
-    for (size_t c = 0; c < n_w; ++c) {
-      const WBlock* a = row_at<WBlock>(w, ws, static_cast<int>(c));
-      __m512 acc[MR][1];
-      for (int r = 0; r < MR; ++r) acc[r][0] = _mm512_setzero_ps();
-      size_t i = 0;
-      for (; i + 2 <= blocks; i += 2) {
-        const __m512i wv = W::pair_signed(a[i], a[i + 1]);
-        const __mmask64 negative = _mm512_movepi8_mask(wv);
-        const __m512i magnitude = _mm512_abs_epi8(wv);
-        const __m512 dw = scale_pair(&a[i].d, &a[i + 1].d);
+    __m512 acc[MR][1];
+    for (int r = 0; r < MR; ++r) acc[r][0] = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 2 <= blocks; i += 2) {
+      const __m512i wv = W::pair_signed(a[i], a[i + 1]);
+      const __mmask64 negative = _mm512_movepi8_mask(wv);
+      const __m512i magnitude = _mm512_abs_epi8(wv);
+      const __m512 dw = scale_pair(&a[i].d, &a[i + 1].d);
 #pragma GCC unroll 4
-        for (int r = 0; r < MR; ++r) {
-          const __m512i xv = join(load256(b[r][i].qs), load256(b[r][i + 1].qs));
-          const __m512i signed_x = _mm512_mask_sub_epi8(xv, negative, _mm512_setzero_si512(), xv);
-          const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), magnitude, signed_x);
-          const __m512 dx = scale_pair(&b[r][i].d, &b[r][i + 1].d);
-          acc[r][0] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(dot), acc[r][0]);
-        }
-      }
-      float sums[MR];
-      tile_sums<MR, 1>(acc, sums);
       for (int r = 0; r < MR; ++r) {
-        y[r * ys + c] = i < blocks ? sums[r] + odd_block(a[i], b[r][i]) : sums[r];
+        const __m512i xv = join(load256(b[r][i].qs), load256(b[r][i + 1].qs));
+        const __m512i signed_x = _mm512_mask_sub_epi8(xv, negative, _mm512_setzero_si512(), xv);
+        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), magnitude, signed_x);
+        const __m512 dx = scale_pair(&b[r][i].d, &b[r][i + 1].d);
+        acc[r][0] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(dot), acc[r][0]);
       }
+    }
+    float sums[MR];
+    tile_sums<MR, 1>(acc, sums);
+    for (int r = 0; r < MR; ++r) {
+      y[r * ys] = i < blocks ? sums[r] + odd_block(a[i], b[r][i]) : sums[r];
     }
   }
 };

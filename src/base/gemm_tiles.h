@@ -69,28 +69,40 @@ void gemm_rest_rows(size_t rows, const uint8_t* w, size_t w_stride, size_t c_beg
   }
 }
 
+// Calls of MR <= kGemmNarrowRows activation rows, weight row after weight row in address order,
+// through K::narrow_column<MR>(w_row, x_rows, n, y_column, y_stride): the activation rows as
+// given (not prepared), every value's bits those of the tiles.
+template <class K, int MR>
+void gemm_narrow(const uint8_t* w, size_t w_stride, size_t n_w, const uint8_t* x, size_t x_stride,
+                 size_t n, float* y, size_t y_stride) {
+  const uint8_t* rows[MR];
+  for (int r = 0; r < MR; ++r) rows[r] = x + r * x_stride;
+  for (size_t c = 0; c < n_w; ++c) {
+    K::template narrow_column<MR>(w + c * w_stride, rows, n, y + c, y_stride);
+  }
+}
+
 // A kernel may also provide K::prepare(x, x_stride, n_x, n, &stride), which rewrites the
 // activation rows once per call into the layout its tiles read (returning the rows and setting
 // their stride), so that no tile redoes that work for every weight row; and
-// K::narrow_rows<MR>(w, w_stride, n_w, x, x_stride, n, y, y_stride), which takes calls of
-// MR <= kGemmNarrowRows activation rows, as given, with every value's bits those of the tiles.
+// K::narrow_column<MR>, which gemm_narrow then takes for calls of at most kGemmNarrowRows rows.
 template <class K>
 void gemm_tiled(const void* w, size_t w_stride, size_t n_w, const void* x, size_t x_stride,
                 size_t n_x, size_t n, float* y, size_t y_stride) {
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* xb = static_cast<const uint8_t*>(x);
-  if constexpr (requires {
-                  K::template narrow_rows<1>(wb, w_stride, n_w, xb, x_stride, n, y, y_stride);
+  if constexpr (requires(const uint8_t* const(&one)[1]) {
+                  K::template narrow_column<1>(wb, one, n, y, y_stride);
                 }) {
     switch (n_x) {
       case 1:
-        return K::template narrow_rows<1>(wb, w_stride, n_w, xb, x_stride, n, y, y_stride);
+        return gemm_narrow<K, 1>(wb, w_stride, n_w, xb, x_stride, n, y, y_stride);
       case 2:
-        return K::template narrow_rows<2>(wb, w_stride, n_w, xb, x_stride, n, y, y_stride);
+        return gemm_narrow<K, 2>(wb, w_stride, n_w, xb, x_stride, n, y, y_stride);
       case 3:
-        return K::template narrow_rows<3>(wb, w_stride, n_w, xb, x_stride, n, y, y_stride);
+        return gemm_narrow<K, 3>(wb, w_stride, n_w, xb, x_stride, n, y, y_stride);
       case 4:
-        return K::template narrow_rows<4>(wb, w_stride, n_w, xb, x_stride, n, y, y_stride);
+        return gemm_narrow<K, 4>(wb, w_stride, n_w, xb, x_stride, n, y, y_stride);
       default:
         static_assert(kGemmNarrowRows == 4);
         break;
