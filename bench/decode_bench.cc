@@ -48,12 +48,15 @@ uint64_t read_sum(const uint64_t* p, size_t n) {
 }
 }  // namespace
 
-ReadBandwidth::ReadBandwidth(size_t bytes) : data_(bytes / sizeof(uint64_t)) {
-  for (size_t i = 0; i < data_.size(); ++i) data_[i] = i;
+ReadBandwidth::ReadBandwidth(size_t bytes)
+    : memory_(bytes),
+      data_(reinterpret_cast<uint64_t*>(memory_.data())),
+      n_(bytes / sizeof(uint64_t)) {
+  for (size_t i = 0; i < n_; ++i) data_[i] = i;
 }
 
 double ReadBandwidth::measure(int threads, int passes) {
-  const size_t n = data_.size();
+  const size_t n = n_;
   ThreadPool pool(threads);
   double best = 0.0;
   std::vector<uint64_t> sink(threads);
@@ -61,7 +64,7 @@ double ReadBandwidth::measure(int threads, int passes) {
     const auto start = Clock::now();
     pool.run([&](int t) {
       const size_t begin = n * t / threads, end = n * (t + 1) / threads;
-      sink[t] += read_sum(data_.data() + begin, end - begin);
+      sink[t] += read_sum(data_ + begin, end - begin);
     });
     best = std::max(best, static_cast<double>(n * sizeof(uint64_t)) / seconds_since(start) / 1e9);
   }
@@ -80,7 +83,7 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
   for (const std::string& preset : o.presets) {
     for (DType dtype : o.dtypes) {
       const std::string path = o.model_path(preset, dtype);
-      const auto model = model::LlamaModel::load(path);
+      const auto model = model::LlamaModel::load(path, o.residency);
       const auto& c = model->config();
       const auto tokenizer = model::Tokenizer::from_gguf(model->file());
       const kv::KvGeometry g = c.kv_geometry(o.kv_k_dtype, o.kv_v_dtype, 0);
@@ -144,7 +147,8 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
       "time (same results)\n",
       kernels::isa_name(kernels::active_isa()));
   out << fmt::format(
-      "limit GB/s = read bandwidth of a {} array at the same thread count, best of {} passes, "
+      "limit GB/s = read bandwidth of a {} array in huge pages (as the weights) at the same thread "
+      "count, best of {} passes, "
       "measured just before and just after each decode run; of limit = weight bytes read per "
       "decoded token x decode tokens/s / that run's limit; every figure the median of {} runs\n",
       format_bytes(o.bandwidth_bytes), kProbePasses, o.runs);

@@ -7,8 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "base/aligned_buffer.h"
 #include "base/dtype.h"
+#include "base/huge_page_memory.h"
+#include "model/gguf.h"
 
 namespace kvc::bench {
 
@@ -21,7 +22,8 @@ struct DecodeBenchOptions {
   int prompt_tokens = 128;
   int decode_tokens = 32;
   int runs = 3;  // decode runs per row, each between two bandwidth measurements
-  size_t bandwidth_bytes = size_t{1} << 30;  // array read to measure bandwidth
+  size_t bandwidth_bytes = size_t{1} << 30;              // array read to measure bandwidth
+  gguf::Residency residency = gguf::Residency::kLoaded;  // how each model file is held
   // Returns the path of the synthetic model (preset, dtype), writing it if needed.
   std::function<std::string(const std::string&, DType)> model_path;
 };
@@ -35,7 +37,10 @@ class ReadBandwidth {
   double measure(int threads, int passes);
 
  private:
-  AlignedBuffer<uint64_t> data_;
+  // The same memory as the weights (huge pages), so that both stream alike.
+  HugePageMemory memory_;
+  uint64_t* data_;
+  size_t n_;
 };
 
 // Runs every (preset, dtype, threads) combination and prints a table to out.

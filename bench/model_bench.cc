@@ -157,7 +157,7 @@ void run_model_bench(const ModelBenchOptions& o, std::ostream& out) {
   for (int t : threads) {
     if (t < 1) fail("-t takes thread counts of one or more");
   }
-  const auto model = model::LlamaModel::load(o.model_path);
+  const auto model = model::LlamaModel::load(o.model_path, o.residency);
   const auto tokenizer = model::Tokenizer::from_gguf(model->file());
   const auto& c = model->config();
   const int longest = max_of(o.n_depth) + std::max(max_of(o.n_prompt), 1) + max_of(o.n_gen) + 2;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "model/gguf.h"
 
 namespace kvc::bench {
 
@@ -21,6 +22,7 @@ struct ModelBenchOptions {
   DType kv_k_dtype = DType::F16;
   DType kv_v_dtype = DType::F16;
   bool json = false;  // a JSON array shaped like `llama-bench -o json` instead of a table
+  gguf::Residency residency = gguf::Residency::kLoaded;  // how the model file is held
 };
 
 // One test's result, with llama-bench's field names.

@@ -49,6 +49,8 @@ void add_bench_command(CLI::App& app) {
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_flag("--json", m->json, "A JSON array shaped like llama-bench -o json (-m)");
+  auto mmap = std::make_shared<bool>(false);
+  add_mmap_option(*cmd, *mmap);
   cmd->add_option("--models", o->presets, "Synthetic presets")
       ->delimiter(',')
       ->capture_default_str();
@@ -59,11 +61,12 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--bandwidth-mib", *bandwidth_mib,
                   "Array size for the bandwidth measurement (well above the L3 cache)")
       ->capture_default_str();
-  cmd->callback([o, m, dtypes, prompts, gens, kv_dtypes, bandwidth_mib, cmd] {
+  cmd->callback([o, m, dtypes, prompts, gens, kv_dtypes, bandwidth_mib, mmap, cmd] {
     if (!cmd->get_subcommands().empty()) return;
     const KvDtypes kv = resolve_kv_dtypes(*kv_dtypes, DType::F16, true);
     o->kv_k_dtype = m->kv_k_dtype = kv.k;
     o->kv_v_dtype = m->kv_v_dtype = kv.v;
+    o->residency = m->residency = model_residency(*mmap);
     if (!m->model_path.empty()) {
       if (!prompts->empty()) m->n_prompt = *prompts;
       if (!gens->empty()) m->n_gen = *gens;

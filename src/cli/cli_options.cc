@@ -72,6 +72,16 @@ int thread_count(int requested) {
                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
+void add_mmap_option(CLI::App& cmd, bool& mmap) {
+  cmd.add_flag("--mmap", mmap,
+               "Map the model file instead of loading it into huge-page memory: starts at once "
+               "and shares the page cache between processes, but decodes slower");
+}
+
+gguf::Residency model_residency(bool mmap) {
+  return mmap ? gguf::Residency::kMapped : gguf::Residency::kLoaded;
+}
+
 void add_tier_options(CLI::App& cmd, TierArgs& args) {
   cmd.add_option("--kv-disk", args.disk,
                  "Directory of the disk KV tier: blocks are stored there as they are computed "

@@ -9,6 +9,7 @@
 
 #include "base/dtype.h"
 #include "engine/engine.h"
+#include "model/gguf.h"
 
 namespace kvc::cli {
 
@@ -39,6 +40,11 @@ KvDtypes resolve_kv_dtypes(const KvDtypeArgs& args, DType fallback, bool pool_on
 std::vector<char*> expand_llama_cpp_aliases(int argc, char** argv);
 // The --threads value: requested if positive, else every core.
 int thread_count(int requested);
+// Adds --mmap: map the model file from the page cache instead of loading it into huge-page
+// memory (llama.cpp maps by default and loads with --no-mmap).
+void add_mmap_option(CLI::App& cmd, bool& mmap);
+// The residency that the --mmap flag's value chooses.
+gguf::Residency model_residency(bool mmap);
 
 // The lower KV tiers' flags, shared by run and serve.
 struct TierArgs {

@@ -33,6 +33,7 @@ struct PerplexityArgs {
   int batch = 512;
   KvDtypeArgs kv_dtypes;
   bool json = false;
+  bool mmap = false;
   std::string kl_base;
   bool kl_divergence = false;
 };
@@ -66,7 +67,7 @@ void run_perplexity(const PerplexityArgs& a) {
   const KvDtypes kv = resolve_kv_dtypes(a.kv_dtypes, DType::F16, true);
   const std::string text = read_text(a.text_file);
   if (text.empty()) fail("-f {}: the text is empty", a.text_file);
-  const auto model = model::LlamaModel::load(a.model);
+  const auto model = model::LlamaModel::load(a.model, model_residency(a.mmap));
   const auto tokenizer = model::Tokenizer::from_gguf(model->file());
   const std::vector<int32_t> tokens = tokenizer.encode(text, true);
   const auto& c = model->config();
@@ -149,6 +150,7 @@ void add_perplexity_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "perplexity", "Perplexity of a model over a text, scored as llama-perplexity scores it");
   cmd->add_option("-m,--model", args->model, "GGUF model")->required();
+  add_mmap_option(*cmd, args->mmap);
   cmd->add_option("-f,--file", args->text_file, "Text file to score")->required();
   cmd->add_option("-c,--ctx-size", args->context, "Tokens per chunk")->capture_default_str();
   cmd->add_option("--chunks", args->chunks, "Chunks to score (default: all)");

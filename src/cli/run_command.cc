@@ -31,6 +31,7 @@ namespace {
 struct RunArgs {
   TierArgs tiers;
   std::string model;
+  bool mmap = false;
   std::string prompt = "Once upon a time";
   std::string prompt_file;
   int n_predict = 128;
@@ -109,7 +110,7 @@ class TextStream {
 
 void run(const RunArgs& a) {
   const std::string path = resolve_model(a.model);
-  const auto model = model::LlamaModel::load(path);
+  const auto model = model::LlamaModel::load(path, model_residency(a.mmap));
   const auto tokenizer = model::Tokenizer::from_gguf(model->file());
   const auto& config = model->config();
 
@@ -227,6 +228,7 @@ void add_run_command(CLI::App& app) {
   auto args = std::make_shared<RunArgs>();
   CLI::App* cmd = app.add_subcommand("run", "Generate text from a prompt, streaming to stdout");
   cmd->add_option("-m,--model", args->model, "GGUF model file (default: the tiny demo model)");
+  add_mmap_option(*cmd, args->mmap);
   cmd->add_option("-p,--prompt", args->prompt, "Prompt text")->capture_default_str();
   cmd->add_option("-f,--file", args->prompt_file, "Read the prompt from a file");
   cmd->add_option("-n,--n-predict", args->n_predict, "Tokens to generate")->capture_default_str();

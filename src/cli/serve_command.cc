@@ -38,6 +38,7 @@ struct ServeArgs {
   KvDtypeArgs kv_dtypes;
   std::string api_keys;
   bool no_prefix_cache = false;
+  bool mmap = false;
   std::string chat_template;
   std::string chat_template_file;
   int threads = 0;
@@ -176,7 +177,7 @@ void serve(const ServeArgs& a) {
                port);
 
   const std::string path = resolve_model(a.model);
-  const std::shared_ptr<const gguf::File> file = gguf::File::open(path);
+  const std::shared_ptr<const gguf::File> file = gguf::File::open(path, model_residency(a.mmap));
   if (model::is_vocabulary_only(*file)) {
     serve_tokenizer_only(a, http, port, *file, path, stop_signals);
     return;
@@ -253,6 +254,7 @@ void add_serve_command(CLI::App& app) {
   auto args = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API");
   cmd->add_option("-m,--model", args->model, "GGUF model file (default: the tiny demo model)");
+  add_mmap_option(*cmd, args->mmap);
   cmd->add_option("--host", args->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", args->port, "Port to listen on (0: any free port)")
       ->capture_default_str();

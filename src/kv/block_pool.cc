@@ -17,7 +17,9 @@ BlockPool::BlockPool(const KvGeometry& geometry, size_t memory_bytes) : geometry
          memory_bytes, geometry_.block_tokens, block);
   }
   if (n > static_cast<size_t>(INT32_MAX)) fail("KV memory of {} bytes is too many blocks", n);
-  arena_.resize(n * block);
+  arena_ = HugePageMemory(n * block);
+  // Resident from the start, so that a short memory shows at startup, not mid-request.
+  arena_.commit();
   states_.assign(n, BlockState::kFree);
   refs_.assign(n, 0);
   cacheable_.assign(n, 0);

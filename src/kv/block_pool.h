@@ -12,7 +12,7 @@
 #include <optional>
 #include <vector>
 
-#include "base/aligned_buffer.h"
+#include "base/huge_page_memory.h"
 #include "kv/block_id.h"
 #include "kv/block_source.h"
 #include "kv/kv_geometry.h"
@@ -69,7 +69,7 @@ class BlockPool : public BlockSource {
 
   KvGeometry geometry_;
   size_t block_bytes_ = 0;  // geometry_.bytes_per_block(), read on every block access
-  AlignedBuffer<uint8_t> arena_;
+  HugePageMemory arena_;  // attention streams it like the weights
   std::vector<BlockState> states_;
   std::vector<uint32_t> refs_;
   std::vector<uint8_t> cacheable_;

@@ -217,34 +217,43 @@ uint64_t TensorInfo::elements() const {
   return n;
 }
 
-std::unique_ptr<File> File::open(const std::string& path) {
+std::unique_ptr<File> File::open(const std::string& path, Residency residency) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("cannot open model file '{}': {}", path, std::strerror(errno));
+  // Closes fd on every way out, the errors included (a mapping outlives its descriptor).
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
   struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail("cannot stat '{}': {}", path, std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail("'{}' is not a regular file", path);
-  }
+  if (fstat(fd, &st) != 0) fail("cannot stat '{}': {}", path, std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) fail("'{}' is not a regular file", path);
   std::unique_ptr<File> file(new File());
   file->label_ = path;
   const auto size = static_cast<size_t>(st.st_size);
-  if (size > 0) {
+  if (size > 0 && residency == Residency::kMapped) {
     void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      fail("cannot map '{}': {}", path, std::strerror(err));
-    }
+    if (p == MAP_FAILED) fail("cannot map '{}': {}", path, std::strerror(errno));
     file->mapping_ = p;
     file->mapping_size_ = size;
     file->bytes_ = {static_cast<const uint8_t*>(p), size};
+  } else if (size > 0) {
+    try {
+      file->loaded_ = HugePageMemory(size);
+    } catch (const std::bad_alloc&) {
+      fail("cannot allocate {} bytes to load '{}' (--mmap maps it instead)", size, path);
+    }
+    for (size_t done = 0; done < size;) {
+      const ssize_t n =
+          pread(fd, file->loaded_.data() + done, size - done, static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail("cannot read '{}' at byte {}: {}", path, done, std::strerror(errno));
+      if (n == 0)
+        fail("'{}' ended at byte {} while being read ({} bytes expected)", path, done, size);
+      done += static_cast<size_t>(n);
+    }
+    file->bytes_ = {file->loaded_.data(), size};
   }
-  ::close(fd);
   file->parse_all();
   return file;
 }

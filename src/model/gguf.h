@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "base/huge_page_memory.h"
 
 namespace kvc::gguf {
 
@@ -81,10 +82,17 @@ struct TensorInfo {
   uint64_t elements() const;
 };
 
+// How File::open holds a file's bytes.
+enum class Residency {
+  kMapped,  // mapped from the page cache: opens at once and shares the pages between processes
+  kLoaded,  // read into huge-page memory (base/huge_page_memory.h): weights stream faster
+};
+
 class File {
  public:
-  // Maps and parses path; throws Error on any problem.
-  static std::unique_ptr<File> open(const std::string& path);
+  // Maps or loads (as residency says) and parses path; throws Error on any problem.
+  static std::unique_ptr<File> open(const std::string& path,
+                                    Residency residency = Residency::kMapped);
   // Parses an in-memory image (the bytes must outlive the File); throws Error on any problem.
   static std::unique_ptr<File> parse(std::span<const uint8_t> bytes, std::string label);
   ~File();
@@ -126,6 +134,7 @@ class File {
   std::span<const uint8_t> bytes_;
   void* mapping_ = nullptr;
   size_t mapping_size_ = 0;
+  HugePageMemory loaded_;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   uint64_t data_offset_ = 0;

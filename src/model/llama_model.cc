@@ -13,8 +13,8 @@
 
 namespace kvc::model {
 
-std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& path) {
-  return from_file(std::shared_ptr<const gguf::File>(gguf::File::open(path)));
+std::unique_ptr<LlamaModel> LlamaModel::load(const std::string& path, gguf::Residency residency) {
+  return from_file(std::shared_ptr<const gguf::File>(gguf::File::open(path, residency)));
 }
 
 std::unique_ptr<LlamaModel> LlamaModel::from_file(std::shared_ptr<const gguf::File> file) {

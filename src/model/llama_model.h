@@ -52,9 +52,10 @@ struct LayerWeights {
 
 class LlamaModel {
  public:
-  // Maps the GGUF file at path and binds every tensor in place; throws Error naming the
-  // tensor or key at fault.
-  static std::unique_ptr<LlamaModel> load(const std::string& path);
+  // Loads (or maps, as residency says) the GGUF file at path and binds every tensor in place;
+  // throws Error naming the tensor or key at fault.
+  static std::unique_ptr<LlamaModel> load(const std::string& path,
+                                          gguf::Residency residency = gguf::Residency::kLoaded);
   // Binds an already parsed file (which must outlive the model).
   static std::unique_ptr<LlamaModel> from_file(std::shared_ptr<const gguf::File> file);
 

@@ -74,12 +74,14 @@ TEST(Cli, RunStoresQuantisedKeysAndValues) {
   EXPECT_THAT(p.out, HasSubstr("\"bytes_per_token\": 345"));
 }
 
-TEST(Cli, SeededSamplingIsReproducible) {
+TEST(Cli, SeededSamplingIsReproducibleLoadedOrMapped) {
   const std::string model = testing::synthetic_model_path("tiny", DType::Q8_0);
   const std::string args = "run -m " + model + " -p hello -n 24 --temp 1.0 --seed 7 -t 2";
-  const Result a = kvcache(args), b = kvcache(args);
+  const Result a = kvcache(args), b = kvcache(args), mapped = kvcache(args + " --mmap");
   ASSERT_EQ(a.status, 0) << a.err;
   EXPECT_EQ(a.out, b.out);
+  ASSERT_EQ(mapped.status, 0) << mapped.err;
+  EXPECT_EQ(mapped.out, a.out);  // the file mapped, not loaded: the same weights
   const Result c = kvcache("run -m " + model + " -p hello -n 24 --temp 1.0 --seed 8 -t 2");
   EXPECT_NE(a.out, c.out);
 }

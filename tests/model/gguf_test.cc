@@ -247,6 +247,23 @@ TEST(GgufRoundTrip, WriteToDiskMatchesToBytesAndMapsAligned) {
   }
 }
 
+// A loaded file holds the same bytes and tensors as the mapping, its data on a huge-page
+// boundary (so every tensor keeps the file's alignment).
+TEST(GgufRoundTrip, LoadedFileReadsAsTheMappedOne) {
+  const Writer w = full_writer();
+  TempPath path("loaded.gguf");
+  w.write(path.str(), nullptr);
+  const auto mapped = File::open(path.str(), Residency::kMapped);
+  const auto loaded = File::open(path.str(), Residency::kLoaded);
+  ASSERT_EQ(loaded->bytes().size(), mapped->bytes().size());
+  EXPECT_EQ(std::memcmp(loaded->bytes().data(), mapped->bytes().data(), mapped->bytes().size()), 0);
+  EXPECT_NE(loaded->bytes().data(), mapped->bytes().data());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(loaded->bytes().data()) % HugePageMemory::kHugePageBytes,
+            0u);
+  expect_matches(w, *loaded, loaded->bytes().data());
+  EXPECT_EQ(loaded->metadata(), mapped->metadata());
+}
+
 TEST(GgufRoundTrip, VersionTwoReadsTheSame) {
   const Writer w = full_writer();
   std::vector<uint8_t> bytes = w.to_bytes();
@@ -539,11 +556,15 @@ TEST(GgufBadFile, GettersNameTheKey) {
 
 TEST(GgufBadFile, OpenNamesThePath) {
   const std::string missing = (kvc::testing::scratch_dir() / "no_such_model.gguf").string();
-  EXPECT_THAT(error_of([&] { File::open(missing); }), HasSubstr(missing));
   TempPath empty("empty.gguf");
   std::ofstream(empty.str()).close();
-  EXPECT_THAT(error_of([&] { File::open(empty.str()); }),
-              AllOf(HasSubstr(empty.str()), HasSubstr("not a GGUF file")));
+  for (const Residency r : {Residency::kMapped, Residency::kLoaded}) {
+    EXPECT_THAT(error_of([&] { File::open(missing, r); }), HasSubstr(missing));
+    EXPECT_THAT(error_of([&] { File::open(empty.str(), r); }),
+                AllOf(HasSubstr(empty.str()), HasSubstr("not a GGUF file")));
+    EXPECT_THAT(error_of([&] { File::open(kvc::testing::scratch_dir().string(), r); }),
+                HasSubstr("not a regular file"));
+  }
 }
 
 // Random byte flips: the parser either throws kvc::Error or returns a File whose tensors all lie
