@@ -363,30 +363,59 @@ struct IntTile {
 
   // A row's last block when its count is odd, summed alone.
   static float odd_block(const WBlock& w, const BlockQ8_0& x) {
+    return odd_block(w, x.qs, half(x.d));
+  }
+  static float odd_block(const WBlock& w, const int8_t* x_values, float x_scale) {
     const __m256i wv = W::values(w);
     const __m256i offset8 = _mm256_set1_epi8(static_cast<char>(0x80));
     const __m256i corr8 = _mm256_sub_epi32(
         _mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), offset8, wv));
-    const __m256i xu = _mm256_xor_si256(load256(x.qs), offset8);
-    const __m256 d = _mm256_set1_ps(half(w.d) * half(x.d));
+    const __m256i xu = _mm256_xor_si256(load256(x_values), offset8);
+    const __m256 d = _mm256_set1_ps(half(w.d) * x_scale);
     return hsum256(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(corr8, xu, wv))));
   }
 
-  // Decode's few activation rows (at most kGemmNarrowRows) against one weight row, reading the
-  // activations as quantised (34 bytes per 32 values) instead of prepare()'s layout (96): a row of
-  // 5,632 values then keeps 6 KB of the first-level cache instead of 17 KB, leaving the weight
-  // stream room (measured, the GEMV of 2,048 x 5,632 q8_0 weights on 2 threads,
-  // interleaved: 1.2-1.4x). Each weight's sign moves onto its activation, |w| * +-x, so dpbusd
-  // needs no bias and its int32 sums, exact, are the tile's: every bit after them too. (Activations
-  // are quantised to [-127, 127], so negating one never overflows; |-128| is 128 as dpbusd's
-  // unsigned operand.)
+  // Decode's few activation rows (at most kGemmNarrowRows) rewritten for narrow_column: a row's
+  // values contiguous (a block pair's 64 in one aligned load) and then its blocks' scales as
+  // floats. A row of 5,632 values keeps 6 KB of the first-level cache, as the quantised row does,
+  // where prepare()'s layout (96 bytes per 64 values) took 17 KB and slowed the weight stream
+  // (the GEMV of 2,048 x 5,632 q8_0 weights on 2 threads, interleaved: 1.2-1.4x).
+  static const uint8_t* narrow_prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
+                                       size_t* stride) {
+    const size_t blocks = n / 32;
+    *stride = (n + blocks * sizeof(float) + 63) / 64 * 64;
+    uint8_t* out = gemm_scratch(*stride * n_x);
+    for (size_t r = 0; r < n_x; ++r) {
+      const auto* b = row_at<BlockQ8_0>(x, x_stride, static_cast<int>(r));
+      uint8_t* values = out + r * *stride;
+      auto* scales = reinterpret_cast<float*>(values + n);
+      for (size_t i = 0; i < blocks; ++i) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(values + 32 * i), load256(b[i].qs));
+        scales[i] = half(b[i].d);
+      }
+    }
+    return out;
+  }
+
+  // narrow_prepare()'s rows against one weight row. Each weight's sign moves onto its
+  // activation, |w| * +-x, so dpbusd needs no bias and its int32 sums, exact, are the tile's;
+  // the two blocks' scale products are formed in one 128-bit multiply and spread over their
+  // halves (the same products as the tile's 512-bit one): every bit after the sums is the
+  // tile's too. (Activations are quantised to [-127, 127], so negating one never overflows;
+  // |-128| is 128 as dpbusd's unsigned operand.)
   template <int MR>
   static void narrow_column(const uint8_t* w, const uint8_t* const (&x)[MR], size_t n, float* y,
                             size_t ys) {
     const auto* a = reinterpret_cast<const WBlock*>(w);
-    const BlockQ8_0* b[MR];
-    for (int r = 0; r < MR; ++r) b[r] = reinterpret_cast<const BlockQ8_0*>(x[r]);
+    const int8_t* xv[MR];
+    const float* xd[MR];
+    for (int r = 0; r < MR; ++r) {
+      xv[r] = reinterpret_cast<const int8_t*>(x[r]);
+      xd[r] = reinterpret_cast<const float*>(x[r] + n);
+    }
     const size_t blocks = n / 32;
+    // Lanes 0-7 take element 0 (the first block's scale), lanes 8-15 element 1.
+    const __m512i halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     __m512 acc[MR][1];
     for (int r = 0; r < MR; ++r) acc[r][0] = _mm512_setzero_ps();
     size_t i = 0;
@@ -394,20 +423,21 @@ struct IntTile {
       const __m512i wv = W::pair_signed(a[i], a[i + 1]);
       const __mmask64 negative = _mm512_movepi8_mask(wv);
       const __m512i magnitude = _mm512_abs_epi8(wv);
-      const __m512 dw = scale_pair(&a[i].d, &a[i + 1].d);
+      const __m128 dw = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(a[i].d), a[i + 1].d, 1));
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) {
-        const __m512i xv = join(load256(b[r][i].qs), load256(b[r][i + 1].qs));
-        const __m512i signed_x = _mm512_mask_sub_epi8(xv, negative, _mm512_setzero_si512(), xv);
+        const __m512i xq = _mm512_load_si512(xv[r] + 32 * i);
+        const __m512i signed_x = _mm512_mask_sub_epi8(xq, negative, _mm512_setzero_si512(), xq);
         const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), magnitude, signed_x);
-        const __m512 dx = scale_pair(&b[r][i].d, &b[r][i + 1].d);
-        acc[r][0] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(dot), acc[r][0]);
+        const __m128 dx = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(xd[r] + i)));
+        const __m512 d = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_mul_ps(dw, dx)));
+        acc[r][0] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot), acc[r][0]);
       }
     }
     float sums[MR];
     tile_sums<MR, 1>(acc, sums);
     for (int r = 0; r < MR; ++r) {
-      y[r * ys] = i < blocks ? sums[r] + odd_block(a[i], b[r][i]) : sums[r];
+      y[r * ys] = i < blocks ? sums[r] + odd_block(a[i], xv[r] + 32 * i, xd[r][i]) : sums[r];
     }
   }
 };

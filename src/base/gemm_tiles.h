@@ -71,10 +71,14 @@ void gemm_rest_rows(size_t rows, const uint8_t* w, size_t w_stride, size_t c_beg
 
 // Calls of MR <= kGemmNarrowRows activation rows, weight row after weight row in address order,
 // through K::narrow_column<MR>(w_row, x_rows, n, y_column, y_stride): the activation rows as
-// given (not prepared), every value's bits those of the tiles.
+// given, or as K::narrow_prepare(x, x_stride, n_x, n, &stride) rewrites them where the kernel
+// has one (not prepare()'s layout); every value's bits those of the tiles.
 template <class K, int MR>
 void gemm_narrow(const uint8_t* w, size_t w_stride, size_t n_w, const uint8_t* x, size_t x_stride,
                  size_t n, float* y, size_t y_stride) {
+  if constexpr (requires { K::narrow_prepare(x, x_stride, size_t{MR}, n, &x_stride); }) {
+    x = K::narrow_prepare(x, x_stride, MR, n, &x_stride);
+  }
   const uint8_t* rows[MR];
   for (int r = 0; r < MR; ++r) rows[r] = x + r * x_stride;
   for (size_t c = 0; c < n_w; ++c) {
