@@ -36,16 +36,6 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Eight independent accumulators let the compiler keep several vector loads in flight.
-uint64_t read_sum(const uint64_t* p, size_t n) {
-  uint64_t a[8] = {};
-  for (size_t i = 0; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) a[j] += p[i + j];
-  }
-  uint64_t s = 0;
-  for (uint64_t v : a) s += v;
-  return s;
-}
 }  // namespace
 
 ReadBandwidth::ReadBandwidth(size_t bytes)
@@ -64,7 +54,7 @@ double ReadBandwidth::measure(int threads, int passes) {
     const auto start = Clock::now();
     pool.run([&](int t) {
       const size_t begin = n * t / threads, end = n * (t + 1) / threads;
-      sink[t] += read_sum(data_ + begin, end - begin);
+      sink[t] += kernels::read_sum(data_ + begin, end - begin);
     });
     best = std::max(best, static_cast<double>(n * sizeof(uint64_t)) / seconds_since(start) / 1e9);
   }
@@ -147,8 +137,8 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
       "time (same results)\n",
       kernels::isa_name(kernels::active_isa()));
   out << fmt::format(
-      "limit GB/s = read bandwidth of a {} array in huge pages (as the weights) at the same thread "
-      "count, best of {} passes, "
+      "limit GB/s = read bandwidth of a {} array in huge pages (as the weights) with the kernels' "
+      "widest loads at the same thread count, best of {} passes, "
       "measured just before and just after each decode run; of limit = weight bytes read per "
       "decoded token x decode tokens/s / that run's limit; every figure the median of {} runs\n",
       format_bytes(o.bandwidth_bytes), kProbePasses, o.runs);

@@ -147,6 +147,10 @@ float softmax_exp(float* p, size_t n) {
   return table().softmax_exp(p, n);
 }
 
+uint64_t read_sum(const uint64_t* p, size_t n) {
+  return table().read_sum(p, n);
+}
+
 void quantize(DType t, const float* x, void* out, size_t n) {
   if (t == DType::Q8_0) {
     table().quantize_q8_0(x, out, n);

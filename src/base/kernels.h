@@ -40,6 +40,9 @@ void prepare_activations(DType w, const float* x, void* out, size_t n);
 // and with the same bits on every instruction set (0 below exp(-87)); returns their sum, in an
 // order that depends on n only.
 float softmax_exp(float* p, size_t n);
+// The sum (mod 2^64) of the n 64-bit words at p, read with the active instruction set's widest
+// loads, as the kernels read weights: the bandwidth probe that decode is measured against.
+uint64_t read_sum(const uint64_t* p, size_t n);
 // quantize_row(t, x, out, n) through the active instruction set where it has a kernel for t
 // (f16, q8_0): the same bytes on every instruction set.
 void quantize(DType t, const float* x, void* out, size_t n);

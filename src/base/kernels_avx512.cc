@@ -318,6 +318,23 @@ void accumulate_f16_queries_avx512(const float* const* p, size_t nq, const uint1
   accumulate_f16_queries<Lanes, 4, 6>(p, nq, v, n, hd, out, ahead);
 }
 
+// Four independent sums of 512-bit loads keep several lines in flight.
+uint64_t read_sum_avx512(const uint64_t* p, size_t n) {
+  __m512i a[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                  _mm512_setzero_si512()};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a[0] = _mm512_add_epi64(a[0], _mm512_loadu_si512(p + i + 0));
+    a[1] = _mm512_add_epi64(a[1], _mm512_loadu_si512(p + i + 8));
+    a[2] = _mm512_add_epi64(a[2], _mm512_loadu_si512(p + i + 16));
+    a[3] = _mm512_add_epi64(a[3], _mm512_loadu_si512(p + i + 24));
+  }
+  uint64_t total = static_cast<uint64_t>(_mm512_reduce_add_epi64(
+      _mm512_add_epi64(_mm512_add_epi64(a[0], a[1]), _mm512_add_epi64(a[2], a[3]))));
+  for (; i < n; ++i) total += p[i];
+  return total;
+}
+
 }  // namespace
 
 const KernelTable* avx512_kernels() {
@@ -337,6 +354,7 @@ const KernelTable* avx512_kernels() {
       quantize_q8_0_avx2,
       to_f16_avx2,
       softmax_exp_avx512,
+      read_sum_avx512,
   };
   return &table;
 }

@@ -147,6 +147,19 @@ void to_f16_scalar(const float* x, uint16_t* out, size_t n) {
   quantize_row(DType::F16, x, out, n);
 }
 
+// Eight independent sums keep several loads in flight.
+uint64_t read_sum_scalar(const uint64_t* p, size_t n) {
+  uint64_t a[8] = {};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) a[j] += p[i + j];
+  }
+  for (; i < n; ++i) a[0] += p[i];
+  uint64_t s = 0;
+  for (uint64_t v : a) s += v;
+  return s;
+}
+
 }  // namespace
 
 const KernelTable& scalar_kernels() {
@@ -169,6 +182,7 @@ const KernelTable& scalar_kernels() {
       quantize_q8_0_scalar,
       to_f16_scalar,
       softmax_exp_scalar,
+      read_sum_scalar,
   };
   return table;
 }
