@@ -230,26 +230,52 @@ struct IntTile {
     return _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), dot, acc);
   }
 
-  // Decode's few activation rows (at most kGemmNarrowRows) against one weight row, reading the
-  // activations as quantised (34 bytes per 32 values) instead of prepare()'s layout (64), so that
-  // they take less of the first-level cache beside the weight stream, as on AVX-512. The same
-  // operations as the tile.
+  // Decode's few activation rows (at most kGemmNarrowRows) rewritten for narrow_column: a row's
+  // values contiguous and then its blocks' scales as floats, as on AVX-512: 34 bytes per 32
+  // values, as the quantised row, where prepare()'s layout takes 64 beside the weight stream in
+  // the first-level cache.
+  static const uint8_t* narrow_prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
+                                       size_t* stride) {
+    const size_t blocks = n / 32;
+    *stride = (n + blocks * sizeof(float) + 63) / 64 * 64;
+    uint8_t* out = gemm_scratch(*stride * n_x);
+    for (size_t r = 0; r < n_x; ++r) {
+      const auto* b = row_at<BlockQ8_0>(x, x_stride, static_cast<int>(r));
+      uint8_t* values = out + r * *stride;
+      auto* scales = reinterpret_cast<float*>(values + n);
+      for (size_t i = 0; i < blocks; ++i) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(values + 32 * i),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs)));
+        scales[i] = half(b[i].d);
+      }
+    }
+    return out;
+  }
+
+  // narrow_prepare()'s rows against one weight row, with the tile's operations; the scale
+  // product is one scalar multiply, broadcast (the same product as the tile's in every lane).
   template <int MR>
   static void narrow_column(const uint8_t* w, const uint8_t* const (&x)[MR], size_t n, float* y,
                             size_t ys) {
     const auto* a = reinterpret_cast<const WBlock*>(w);
-    const BlockQ8_0* b[MR];
-    for (int r = 0; r < MR; ++r) b[r] = reinterpret_cast<const BlockQ8_0*>(x[r]);
+    const int8_t* xv[MR];
+    const float* xd[MR];
+    for (int r = 0; r < MR; ++r) {
+      xv[r] = reinterpret_cast<const int8_t*>(x[r]);
+      xd[r] = reinterpret_cast<const float*>(x[r] + n);
+    }
     __m256 acc[MR][1];
     for (int r = 0; r < MR; ++r) acc[r][0] = _mm256_setzero_ps();
     for (size_t i = 0; i < n / 32; ++i) {
       const __m256i wq = W::values(a[i]);
       const __m256i wabs = _mm256_sign_epi8(wq, wq);
-      const __m256 dw = scale(&a[i].d);
+      const float dw = half(a[i].d);
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) {
-        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[r][i].qs));
-        acc[r][0] = add_block(wq, wabs, dw, xq, scale(&b[r][i].d), acc[r][0]);
+        const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(xv[r] + 32 * i));
+        const __m256i pairs = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xq, wq));
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+        acc[r][0] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[r][i]), dot, acc[r][0]);
       }
     }
     store_sums<MR, 1>(acc, y, ys);

@@ -329,8 +329,12 @@ uint64_t read_sum_avx512(const uint64_t* p, size_t n) {
     a[2] = _mm512_add_epi64(a[2], _mm512_loadu_si512(p + i + 16));
     a[3] = _mm512_add_epi64(a[3], _mm512_loadu_si512(p + i + 24));
   }
-  uint64_t total = static_cast<uint64_t>(_mm512_reduce_add_epi64(
-      _mm512_add_epi64(_mm512_add_epi64(a[0], a[1]), _mm512_add_epi64(a[2], a[3]))));
+  // Summed as unsigned words: _mm512_reduce_add_epi64 adds signed ones, whose wrap is undefined.
+  alignas(64) uint64_t lanes[8];
+  _mm512_store_si512(lanes,
+                     _mm512_add_epi64(_mm512_add_epi64(a[0], a[1]), _mm512_add_epi64(a[2], a[3])));
+  uint64_t total = 0;
+  for (uint64_t v : lanes) total += v;
   for (; i < n; ++i) total += p[i];
   return total;
 }
