@@ -21,6 +21,8 @@ namespace {
 
 #include "base/gemm_tiles.h"
 
+#include "base/gemm_narrow_rows.h"
+
 #include "base/quant_unpack.h"
 
 // Unsigned x signed bytes, four products per int32 lane; exact while each pair stays below
@@ -230,26 +232,10 @@ struct IntTile {
     return _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), dot, acc);
   }
 
-  // Decode's few activation rows (at most kGemmNarrowRows) rewritten for narrow_column: a row's
-  // values contiguous and then its blocks' scales as floats, as on AVX-512: 34 bytes per 32
-  // values, as the quantised row, where prepare()'s layout takes 64 beside the weight stream in
-  // the first-level cache.
+  // Decode's few activation rows (at most kGemmNarrowRows) as narrow_column reads them.
   static const uint8_t* narrow_prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
                                        size_t* stride) {
-    const size_t blocks = n / 32;
-    *stride = (n + blocks * sizeof(float) + 63) / 64 * 64;
-    uint8_t* out = gemm_scratch(*stride * n_x);
-    for (size_t r = 0; r < n_x; ++r) {
-      const auto* b = row_at<BlockQ8_0>(x, x_stride, static_cast<int>(r));
-      uint8_t* values = out + r * *stride;
-      auto* scales = reinterpret_cast<float*>(values + n);
-      for (size_t i = 0; i < blocks; ++i) {
-        _mm256_store_si256(reinterpret_cast<__m256i*>(values + 32 * i),
-                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs)));
-        scales[i] = half(b[i].d);
-      }
-    }
-    return out;
+    return narrow_q8_0_rows(x, x_stride, n_x, n, stride);
   }
 
   // narrow_prepare()'s rows against one weight row, with the tile's operations; the scale

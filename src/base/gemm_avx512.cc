@@ -23,6 +23,8 @@ namespace {
 
 #include "base/gemm_tiles.h"
 
+#include "base/gemm_narrow_rows.h"
+
 #include "base/quant_unpack.h"
 
 // Unsigned x signed bytes, four products per int32 lane, exact.
@@ -375,26 +377,10 @@ struct IntTile {
     return hsum256(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(corr8, xu, wv))));
   }
 
-  // Decode's few activation rows (at most kGemmNarrowRows) rewritten for narrow_column: a row's
-  // values contiguous (a block pair's 64 in one aligned load) and then its blocks' scales as
-  // floats. A row of 5,632 values keeps 6 KB of the first-level cache, as the quantised row does,
-  // where prepare()'s layout (96 bytes per 64 values) took 17 KB and slowed the weight stream
-  // (the GEMV of 2,048 x 5,632 q8_0 weights on 2 threads, interleaved: 1.2-1.4x).
+  // Decode's few activation rows (at most kGemmNarrowRows) as narrow_column reads them.
   static const uint8_t* narrow_prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
                                        size_t* stride) {
-    const size_t blocks = n / 32;
-    *stride = (n + blocks * sizeof(float) + 63) / 64 * 64;
-    uint8_t* out = gemm_scratch(*stride * n_x);
-    for (size_t r = 0; r < n_x; ++r) {
-      const auto* b = row_at<BlockQ8_0>(x, x_stride, static_cast<int>(r));
-      uint8_t* values = out + r * *stride;
-      auto* scales = reinterpret_cast<float*>(values + n);
-      for (size_t i = 0; i < blocks; ++i) {
-        _mm256_store_si256(reinterpret_cast<__m256i*>(values + 32 * i), load256(b[i].qs));
-        scales[i] = half(b[i].d);
-      }
-    }
-    return out;
+    return narrow_q8_0_rows(x, x_stride, n_x, n, stride);
   }
 
   // narrow_prepare()'s rows against one weight row. Each weight's sign moves onto its

@@ -1,0 +1,31 @@
+// The layout of decode's q8_0 activation rows for the integer kernels' narrow_column (internal
+// to base/).
+//
+// Included by each instruction set's gemm_*.cc after simd_reduce.h, inside its anonymous
+// namespace, as gemm_tiles.h is; it includes nothing itself.
+//
+// A row's values contiguous (a block's 32, or a block pair's 64, in one aligned load) and then
+// its blocks' scales as floats: 34 bytes per 32 values, as the quantised row, so that a row of
+// 5,632 values keeps 6 KB of the first-level cache, where the tiles' prepared layout (64 or 96
+// bytes per 32 values) slowed the weight stream beside it (the GEMV of 2,048 x 5,632 q8_0
+// weights on 2 threads, interleaved: 1.2-1.4x).
+#pragma once
+
+// Rewrites n_x q8_0 rows of n values (x_stride bytes apart) into the per-thread scratch;
+// returns the first row, each on a cache line, and sets their stride.
+inline const uint8_t* narrow_q8_0_rows(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
+                                       size_t* stride) {
+  const size_t blocks = n / 32;
+  *stride = (n + blocks * sizeof(float) + 63) / 64 * 64;
+  uint8_t* out = gemm_scratch(*stride * n_x);
+  for (size_t r = 0; r < n_x; ++r) {
+    const auto* b = reinterpret_cast<const BlockQ8_0*>(x + r * x_stride);
+    uint8_t* values = out + r * *stride;
+    auto* scales = reinterpret_cast<float*>(values + n);
+    for (size_t i = 0; i < blocks; ++i) {
+      __builtin_memcpy(values + 32 * i, b[i].qs, 32);
+      scales[i] = half(b[i].d);
+    }
+  }
+  return out;
+}
