@@ -38,15 +38,13 @@ double seconds_since(Clock::time_point t) {
 
 }  // namespace
 
-ReadBandwidth::ReadBandwidth(size_t bytes)
-    : memory_(bytes),
-      data_(reinterpret_cast<uint64_t*>(memory_.data())),
-      n_(bytes / sizeof(uint64_t)) {
-  for (size_t i = 0; i < n_; ++i) data_[i] = i;
+ReadBandwidth::ReadBandwidth(size_t bytes) : memory_(bytes) {
+  uint64_t* data = words();
+  for (size_t i = 0; i < bytes / sizeof(uint64_t); ++i) data[i] = i;
 }
 
 double ReadBandwidth::measure(int threads, int passes) {
-  const size_t n = n_;
+  const size_t n = memory_.size() / sizeof(uint64_t);
   ThreadPool pool(threads);
   double best = 0.0;
   std::vector<uint64_t> sink(threads);
@@ -54,7 +52,7 @@ double ReadBandwidth::measure(int threads, int passes) {
     const auto start = Clock::now();
     pool.run([&](int t) {
       const size_t begin = n * t / threads, end = n * (t + 1) / threads;
-      sink[t] += kernels::read_sum(data_ + begin, end - begin);
+      sink[t] += kernels::read_sum(words() + begin, end - begin);
     });
     best = std::max(best, static_cast<double>(n * sizeof(uint64_t)) / seconds_since(start) / 1e9);
   }

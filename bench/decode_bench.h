@@ -39,8 +39,7 @@ class ReadBandwidth {
  private:
   // The same memory as the weights (huge pages), so that both stream alike.
   HugePageMemory memory_;
-  uint64_t* data_;
-  size_t n_;
+  uint64_t* words() { return reinterpret_cast<uint64_t*>(memory_.data()); }
 };
 
 // Runs every (preset, dtype, threads) combination and prints a table to out.

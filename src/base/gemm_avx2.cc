@@ -244,12 +244,9 @@ struct IntTile {
   static void narrow_column(const uint8_t* w, const uint8_t* const (&x)[MR], size_t n, float* y,
                             size_t ys) {
     const auto* a = reinterpret_cast<const WBlock*>(w);
-    const int8_t* xv[MR];
-    const float* xd[MR];
-    for (int r = 0; r < MR; ++r) {
-      xv[r] = reinterpret_cast<const int8_t*>(x[r]);
-      xd[r] = reinterpret_cast<const float*>(x[r] + n);
-    }
+    const NarrowQ8_0Rows<MR> rows(x, n);
+    const int8_t* const(&xv)[MR] = rows.values;
+    const float* const(&xd)[MR] = rows.scales;
     __m256 acc[MR][1];
     for (int r = 0; r < MR; ++r) acc[r][0] = _mm256_setzero_ps();
     for (size_t i = 0; i < n / 32; ++i) {

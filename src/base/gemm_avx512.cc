@@ -393,12 +393,9 @@ struct IntTile {
   static void narrow_column(const uint8_t* w, const uint8_t* const (&x)[MR], size_t n, float* y,
                             size_t ys) {
     const auto* a = reinterpret_cast<const WBlock*>(w);
-    const int8_t* xv[MR];
-    const float* xd[MR];
-    for (int r = 0; r < MR; ++r) {
-      xv[r] = reinterpret_cast<const int8_t*>(x[r]);
-      xd[r] = reinterpret_cast<const float*>(x[r] + n);
-    }
+    const NarrowQ8_0Rows<MR> rows(x, n);
+    const int8_t* const(&xv)[MR] = rows.values;
+    const float* const(&xd)[MR] = rows.scales;
     const size_t blocks = n / 32;
     // Lanes 0-7 take element 0 (the first block's scale), lanes 8-15 element 1.
     const __m512i halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);

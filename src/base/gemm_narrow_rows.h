@@ -29,3 +29,16 @@ inline const uint8_t* narrow_q8_0_rows(const uint8_t* x, size_t x_stride, size_t
   }
   return out;
 }
+
+// MR rewritten rows of n values seen as each row's values and its blocks' scales.
+template <int MR>
+struct NarrowQ8_0Rows {
+  const int8_t* values[MR];
+  const float* scales[MR];
+  NarrowQ8_0Rows(const uint8_t* const (&rows)[MR], size_t n) {
+    for (int r = 0; r < MR; ++r) {
+      values[r] = reinterpret_cast<const int8_t*>(rows[r]);
+      scales[r] = reinterpret_cast<const float*>(rows[r] + n);
+    }
+  }
+};
