@@ -33,8 +33,13 @@ class ReadBandwidth {
  public:
   // Allocates and fills the array of `bytes`.
   explicit ReadBandwidth(size_t bytes);
-  // GB/s of the fastest of `passes` reads of the whole array split over `threads` threads.
-  double measure(int threads, int passes);
+  // GB/s of `passes` reads of the whole array split over `threads` threads: sustained (all the
+  // bytes over all the time, as decode's tokens/s is) and of the fastest pass.
+  struct Rate {
+    double sustained = 0.0;
+    double fastest = 0.0;
+  };
+  Rate measure(int threads, int passes);
 
  private:
   // The same memory as the weights (huge pages), so that both stream alike.

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "test_models.h"
@@ -203,6 +204,13 @@ TEST(Cli, BenchReportsDecodeAgainstBandwidth) {
   EXPECT_THAT(r.out, HasSubstr("the median of 2 runs"));
   EXPECT_THAT(r.out, ::testing::ContainsRegex("tiny +q8_0 +1 "));
   EXPECT_THAT(r.out, HasSubstr("vs rows"));
+  // The limit is the probe's sustained rate, so a fraction of it is at least the fraction of
+  // its fastest pass (the last two columns).
+  std::istringstream row(r.out.substr(r.out.find("\ntiny ") + 1));
+  std::vector<std::string> cells(12);
+  for (auto& c : cells) row >> c;
+  EXPECT_GE(std::stod(cells[10]), std::stod(cells[11])) << r.out;
+  EXPECT_GT(std::stod(cells[11]), 0.0) << r.out;
   const Result none = kvcache("bench --models tiny --dtypes q8_0 --threads 1 -r 0");
   EXPECT_EQ(none.status, 1);
   EXPECT_THAT(none.err, HasSubstr("-r must be at least 1"));
