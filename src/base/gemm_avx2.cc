@@ -224,12 +224,16 @@ struct IntTile {
     store_sums<MR, NR>(acc, y, ys);
   }
 
-  // acc + (dw * dx) * the exact int32 sums of eight groups of four products w x.
+  // The exact int32 sums of eight groups of four products w x of a block, as floats.
+  static inline __m256 block_dot(__m256i wq, __m256i wabs, __m256i xq) {
+    const __m256i pairs = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xq, wq));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  }
+
+  // acc + (dw * dx) * block_dot(w, x).
   static inline __m256 add_block(__m256i wq, __m256i wabs, __m256 dw, __m256i xq, __m256 dx,
                                  __m256 acc) {
-    const __m256i pairs = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xq, wq));
-    const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-    return _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), dot, acc);
+    return _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), block_dot(wq, wabs, xq), acc);
   }
 
   // Decode's few activation rows (at most kGemmNarrowRows) as narrow_column reads them.
@@ -256,9 +260,8 @@ struct IntTile {
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) {
         const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(xv[r] + 32 * i));
-        const __m256i pairs = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xq, wq));
-        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-        acc[r][0] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[r][i]), dot, acc[r][0]);
+        acc[r][0] =
+            _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[r][i]), block_dot(wq, wabs, xq), acc[r][0]);
       }
     }
     store_sums<MR, 1>(acc, y, ys);
