@@ -482,15 +482,18 @@ bool DiskStore::get(const Hash256& ns, const Hash256& block_hash, std::span<uint
     }
   }
   MutexLock lock(mu_);
+  // A slot freed while it was read may have been written again meanwhile, and a read that
+  // overlapped that write can pair one block's header bytes with another's (the page cache
+  // copies without a lock against writers): even a read that passed every check is a miss.
+  // While the generation stands, no write touched the slot, so what was read is whole.
+  if (generation_[slot] != generation) {
+    ++stats_.misses;
+    return false;
+  }
   if (got >= 0 && why.empty()) {
     ++stats_.hits;
     stats_.bytes_read += kTierHeaderBytes + out.size();
     return true;
-  }
-  const auto it = entries_.find(block_hash);
-  if (it == entries_.end() || it->second.slot != slot || generation_[slot] != generation) {
-    ++stats_.misses;  // freed (or reused) while it was read: not damage
-    return false;
   }
   remove_locked(block_hash);
   ++(got < 0 ? stats_.read_errors : stats_.corrupt);

@@ -93,7 +93,8 @@ class DiskStore {
   bool put(const Hash256& ns, const Hash256& block_hash, uint32_t token_count,
            std::span<const uint8_t> payload);
   // Reads block block_hash of namespace ns into out (exactly the payload size); false when it
-  // is absent, unreadable or fails a check (then its slot is freed and it counts as corrupt).
+  // is absent, unreadable, fails a check (then its slot is freed and it counts as corrupt) or
+  // was freed while it was read (a miss). After false, out holds nothing to use.
   bool get(const Hash256& ns, const Hash256& block_hash, std::span<uint8_t> out);
   // Frees one block's slot; false when it was not indexed.
   bool erase(const Hash256& block_hash);
