@@ -1,8 +1,10 @@
 // AVX2 + FMA + F16C GEMM micro-kernels: a tile of activation rows against a tile of weight
 // rows, every output summed with exactly the operations, lanes and order of the single-row dot
-// in kernels_avx2.cc, so a row's result does not depend on its tile.
+// in kernels_avx2.cc (the integer types: of this file's narrow column), so a row's result does
+// not depend on its tile.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -161,110 +163,254 @@ inline __m256 scale(const uint16_t* d) {
   return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(*d)));
 }
 
-// Integer weights against q8_0 activations, one block per register, as dot_w_q8_0 and
-// dot_w_q4_0 in kernels_avx2.cc: maddubs takes |w| unsigned and x with w's sign, and madd
-// widens the pairs to int32 (exact: no pair sum exceeds 2 * 128 * 127).
+// Integer weights against q8_0 activations, eight weight rows to a vector: the values of eight
+// rows are laid side by side (each 32-bit lane one row's four consecutive values), so that the
+// products of a block reduce to one exact int32 per row and lane in two integer additions per
+// vector, and the float work of a block (convert, scale, add) is shared by eight rows. In a
+// row-major tile the block's int32 sums lie across the lanes of each output's own vector and
+// every output pays that float work itself: six operations per 32 products where this pays
+// about four and a half (sign, maddubs, madd, add and a share of the rest); measured on the
+// tile alone, 1.5x the products per second.
+//
+// The order every output of these types is summed in, whatever computes it (the tile, the
+// narrow column, a single dot): a block's products as one exact int32 I_b (at most
+// 32 * 128 * 127 in magnitude, so its float is exact); its term P_b = (d_w * d_x) * I_b, two
+// rounded products; the terms of each group of eight blocks summed as hsum256 sums its lanes,
+// ((P0 + P4) + (P2 + P6)) + ((P1 + P5) + (P3 + P7)), a missing block's term +0; and the groups'
+// sums added in block order to a total that starts at +0.
 template <class W>
-struct IntTile {
-  static constexpr int kRows = 4;
-  static constexpr int kCols = 2;
+struct GroupedInt {
   using WBlock = typename W::Block;
 
-  // A prepared activation block: its 32 values and its scale as 8 floats.
-  struct BlockX {
-    int8_t values[32];
-    float scales[8];
+  // Eight weight rows' block b: their scales, and vector l holding values 4l..4l+3 of each row
+  // (row c in lane c).
+  struct Group {
+    float d[8];
+    __m256i v[8];
   };
 
-  static const uint8_t* prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
-                                size_t* stride) {
-    const size_t blocks = n / 32;
-    *stride = blocks * sizeof(BlockX);
-    uint8_t* out = gemm_scratch(*stride * n_x);
-    for (size_t r = 0; r < n_x; ++r) {
-      const auto* b = row_at<BlockQ8_0>(x, x_stride, static_cast<int>(r));
-      auto* p = reinterpret_cast<BlockX*>(out + r * *stride);
-      for (size_t i = 0; i < blocks; ++i) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p[i].values),
-                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs)));
-        _mm256_storeu_ps(p[i].scales, scale(&b[i].d));
+  // Rows [c, c + cols) of w (cols <= 8; the missing rows zero) as groups, a block per group.
+  static void lay_out(const uint8_t* w, size_t ws, int cols, size_t blocks, Group* out) {
+    const WBlock* rows[8];
+    for (int c = 0; c < cols; ++c) rows[c] = row_at<WBlock>(w, ws, c);
+    for (size_t b = 0; b < blocks; ++b) {
+      __m256i r[8];
+      for (int c = 0; c < 8; ++c) {
+        r[c] = c < cols ? W::values(rows[c][b]) : _mm256_setzero_si256();
+        out[b].d[c] = c < cols ? half(rows[c][b].d) : 0.0f;
       }
+      transpose_lanes(r, out[b].v);
     }
-    return out;
   }
 
-  template <int MR, int NR>
-  static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
-                   size_t ys) {
-    const WBlock* a[NR];
-    const BlockX* b[MR];
-    for (int j = 0; j < NR; ++j) a[j] = row_at<WBlock>(w, ws, j);
-    for (int r = 0; r < MR; ++r) b[r] = row_at<BlockX>(x, xs, r);
-    __m256 acc[MR][NR];
-    for (int r = 0; r < MR; ++r)
-      for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_setzero_ps();
-    for (size_t i = 0; i < n / 32; ++i) {
-      __m256i wq[NR], wabs[NR];
-      __m256 dw[NR];
-#pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j) {
-        wq[j] = W::values(a[j][i]);
-        wabs[j] = _mm256_sign_epi8(wq[j], wq[j]);
-        dw[j] = scale(&a[j][i].d);
-      }
-#pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) {
-        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[r][i].values));
-        const __m256 dx = _mm256_loadu_ps(b[r][i].scales);
-#pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j)
-          acc[r][j] = add_block(wq[j], wabs[j], dw[j], xq, dx, acc[r][j]);
-      }
+  // out[l] lane c = in[c] lane l: the 8 x 8 transpose of 32-bit lanes.
+  static inline void transpose_lanes(const __m256i (&in)[8], __m256i (&out)[8]) {
+    __m256i a[8], b[8];
+    for (int i = 0; i < 8; i += 2) {
+      a[i] = _mm256_unpacklo_epi32(in[i], in[i + 1]);
+      a[i + 1] = _mm256_unpackhi_epi32(in[i], in[i + 1]);
     }
-    store_sums<MR, NR>(acc, y, ys);
+    for (int i = 0; i < 8; i += 4) {
+      b[i] = _mm256_unpacklo_epi64(a[i], a[i + 2]);
+      b[i + 1] = _mm256_unpackhi_epi64(a[i], a[i + 2]);
+      b[i + 2] = _mm256_unpacklo_epi64(a[i + 1], a[i + 3]);
+      b[i + 3] = _mm256_unpackhi_epi64(a[i + 1], a[i + 3]);
+    }
+    for (int i = 0; i < 4; ++i) {
+      out[i] = _mm256_permute2x128_si256(b[i], b[i + 4], 0x20);
+      out[i + 4] = _mm256_permute2x128_si256(b[i], b[i + 4], 0x31);
+    }
   }
 
-  // The exact int32 sums of eight groups of four products w x of a block, as floats.
-  static inline __m256 block_dot(__m256i wq, __m256i wabs, __m256i xq) {
-    const __m256i pairs = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xq, wq));
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  // The exact int32 sums of four products w x in each lane (maddubs takes |w| unsigned and x
+  // with w's sign; no pair sum exceeds 2 * 128 * 127).
+  static inline __m256i products(__m256i wq, __m256i wabs, __m256i xq) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xq, wq)),
+                             _mm256_set1_epi16(1));
   }
 
-  // acc + (dw * dx) * block_dot(w, x).
-  static inline __m256 add_block(__m256i wq, __m256i wabs, __m256 dw, __m256i xq, __m256 dx,
-                                 __m256 acc) {
-    return _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), block_dot(wq, wabs, xq), acc);
-  }
-
-  // Decode's few activation rows (at most kGemmNarrowRows) as narrow_column reads them.
-  static const uint8_t* narrow_prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
-                                       size_t* stride) {
-    return narrow_q8_0_rows(x, x_stride, n_x, n, stride);
-  }
-
-  // narrow_prepare()'s rows against one weight row, with the tile's operations; the scale
-  // product is one scalar multiply, broadcast (the same product as the tile's in every lane).
+  // p[r] lane c = P_b of weight row c and activation row r.
   template <int MR>
-  static void narrow_column(const uint8_t* w, const uint8_t* const (&x)[MR], size_t n, float* y,
-                            size_t ys) {
-    const auto* a = reinterpret_cast<const WBlock*>(w);
-    const NarrowQ8_0Rows<MR> rows(x, n);
-    const int8_t* const(&xv)[MR] = rows.values;
-    const float* const(&xd)[MR] = rows.scales;
-    __m256 acc[MR][1];
-    for (int r = 0; r < MR; ++r) acc[r][0] = _mm256_setzero_ps();
-    for (size_t i = 0; i < n / 32; ++i) {
-      const __m256i wq = W::values(a[i]);
+  static inline void terms(const Group& g, const NarrowQ8_0Rows<MR>& x, size_t b, __m256 (&p)[MR]) {
+    __m256i sums[MR];
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) {
+      const __m256i wq = _mm256_load_si256(&g.v[l]);
       const __m256i wabs = _mm256_sign_epi8(wq, wq);
-      const float dw = half(a[i].d);
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) {
-        const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(xv[r] + 32 * i));
-        acc[r][0] =
-            _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[r][i]), block_dot(wq, wabs, xq), acc[r][0]);
+        int32_t four;
+        __builtin_memcpy(&four, x.values[r] + 32 * b + 4 * l, 4);
+        const __m256i q = products(wq, wabs, _mm256_set1_epi32(four));
+        sums[r] = l == 0 ? q : _mm256_add_epi32(sums[r], q);
       }
     }
-    store_sums<MR, 1>(acc, y, ys);
+    const __m256 dw = _mm256_load_ps(g.d);
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      p[r] = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x.scales[r][b])),
+                           _mm256_cvtepi32_ps(sums[r]));
+    }
+  }
+
+  // Block b's terms, or +0 past the last block.
+  template <int MR>
+  static inline void terms_or_zero(const Group* g, const NarrowQ8_0Rows<MR>& x, size_t b,
+                                   size_t blocks, __m256 (&p)[MR]) {
+    if (b < blocks) return terms<MR>(g[b], x, b, p);
+    for (int r = 0; r < MR; ++r) p[r] = _mm256_setzero_ps();
+  }
+
+  // y[r * ys + c] for MR activation rows and the cols weight rows of groups g.
+  template <int MR>
+  static void tile(const Group* g, size_t blocks, const NarrowQ8_0Rows<MR>& x, int cols, float* y,
+                   size_t ys) {
+    __m256 total[MR];
+    for (int r = 0; r < MR; ++r) total[r] = _mm256_setzero_ps();
+    for (size_t t = 0; t < blocks; t += 8) {
+      __m256 p[MR], q[MR], half0[MR], half1[MR];
+      terms_or_zero<MR>(g, x, t, blocks, p);
+      terms_or_zero<MR>(g, x, t + 4, blocks, q);
+      for (int r = 0; r < MR; ++r) half0[r] = _mm256_add_ps(p[r], q[r]);
+      terms_or_zero<MR>(g, x, t + 2, blocks, p);
+      terms_or_zero<MR>(g, x, t + 6, blocks, q);
+      for (int r = 0; r < MR; ++r) half0[r] = _mm256_add_ps(half0[r], _mm256_add_ps(p[r], q[r]));
+      terms_or_zero<MR>(g, x, t + 1, blocks, p);
+      terms_or_zero<MR>(g, x, t + 5, blocks, q);
+      for (int r = 0; r < MR; ++r) half1[r] = _mm256_add_ps(p[r], q[r]);
+      terms_or_zero<MR>(g, x, t + 3, blocks, p);
+      terms_or_zero<MR>(g, x, t + 7, blocks, q);
+      for (int r = 0; r < MR; ++r) {
+        half1[r] = _mm256_add_ps(half1[r], _mm256_add_ps(p[r], q[r]));
+        total[r] = _mm256_add_ps(total[r], _mm256_add_ps(half0[r], half1[r]));
+      }
+    }
+    for (int r = 0; r < MR; ++r) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, total[r]);
+      for (int c = 0; c < cols; ++c) y[r * ys + c] = lanes[c];
+    }
+  }
+
+  // One weight row against MR activation rows, row-major: a group's eight blocks give eight
+  // vectors of int32 sums per activation row, reduced to one whose lane j is block j's I_b,
+  // and the group's terms are then summed by hsum256 itself.
+  template <int MR>
+  static void narrow_column(const uint8_t* w, const NarrowQ8_0Rows<MR>& x, size_t n, float* y,
+                            size_t ys) {
+    const auto* a = reinterpret_cast<const WBlock*>(w);
+    const size_t blocks = n / 32;
+    float total[MR] = {};
+    for (size_t t = 0; t < blocks; t += 8) {
+      const int in_group = blocks - t < 8 ? static_cast<int>(blocks - t) : 8;
+      __m256i pair[MR][4];
+      alignas(16) uint16_t dw[8] = {};
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        __m256i v[MR];
+        if (j < in_group) {
+          const __m256i wq = W::values(a[t + j]);
+          const __m256i wabs = _mm256_sign_epi8(wq, wq);
+          dw[j] = a[t + j].d;
+#pragma GCC unroll 4
+          for (int r = 0; r < MR; ++r) {
+            v[r] = products(
+                wq, wabs,
+                _mm256_load_si256(reinterpret_cast<const __m256i*>(x.values[r] + 32 * (t + j))));
+          }
+        } else {
+          for (int r = 0; r < MR; ++r) v[r] = _mm256_setzero_si256();
+        }
+        // Pairs of blocks, then pairs of pairs: lane order of the final sum is block order.
+        for (int r = 0; r < MR; ++r) {
+          if (j % 2 == 1)
+            pair[r][j / 2] = _mm256_hadd_epi32(pair[r][j / 2], v[r]);
+          else
+            pair[r][j / 2] = v[r];
+        }
+      }
+      const __m256 dwf = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dw)));
+      alignas(32) float dx[MR][8] = {};
+      for (int r = 0; r < MR; ++r)
+        for (int j = 0; j < in_group; ++j) dx[r][j] = x.scales[r][t + j];
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        const __m256i low = _mm256_hadd_epi32(pair[r][0], pair[r][1]);
+        const __m256i high = _mm256_hadd_epi32(pair[r][2], pair[r][3]);
+        const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(low, high, 0x20),
+                                              _mm256_permute2x128_si256(low, high, 0x31));
+        const __m256 s = _mm256_mul_ps(dwf, _mm256_load_ps(dx[r]));
+        total[r] += hsum256(_mm256_mul_ps(s, _mm256_cvtepi32_ps(sums)));
+      }
+    }
+    for (int r = 0; r < MR; ++r) y[r * ys] = total[r];
+  }
+
+  // narrow_column for each of the n_w weight rows, in address order.
+  template <int MR>
+  static void narrow(const uint8_t* w, size_t ws, size_t n_w, const uint8_t* x, size_t xs, size_t n,
+                     float* y, size_t ys) {
+    const uint8_t* rows[MR];
+    for (int r = 0; r < MR; ++r) rows[r] = x + r * xs;
+    const NarrowQ8_0Rows<MR> prepared(rows, n);
+    for (size_t c = 0; c < n_w; ++c) narrow_column<MR>(w + c * ws, prepared, n, y + c, ys);
+  }
+
+  // tile<MR> for MR activation rows against every group of a chunk.
+  template <int MR>
+  static void tile_rows(const Group* groups, size_t n_groups, size_t blocks, size_t cols,
+                        const uint8_t* x, size_t xs, size_t n, float* y, size_t ys) {
+    const uint8_t* rows[MR];
+    for (int r = 0; r < MR; ++r) rows[r] = x + r * xs;
+    const NarrowQ8_0Rows<MR> prepared(rows, n);
+    for (size_t g = 0; g < n_groups; ++g) {
+      const int in_group = cols - 8 * g < 8 ? static_cast<int>(cols - 8 * g) : 8;
+      tile<MR>(groups + g * blocks, blocks, prepared, in_group, y + 8 * g, ys);
+    }
+  }
+
+  // The table's GemmFn. Calls of at most kGemmNarrowRows activation rows read each weight row
+  // once, in address order; larger ones lay out a chunk of weight rows as groups (once, for
+  // every activation row) and run tiles of two activation rows over it.
+  static void gemm(const void* w, size_t w_stride, size_t n_w, const void* x, size_t x_stride,
+                   size_t n_x, size_t n, float* y, size_t y_stride) {
+    const auto* wb = static_cast<const uint8_t*>(w);
+    size_t xs = 0;
+    const uint8_t* xr = narrow_q8_0_rows(static_cast<const uint8_t*>(x), x_stride, n_x, n, &xs);
+    switch (n_x) {
+      case 1:
+        return narrow<1>(wb, w_stride, n_w, xr, xs, n, y, y_stride);
+      case 2:
+        return narrow<2>(wb, w_stride, n_w, xr, xs, n, y, y_stride);
+      case 3:
+        return narrow<3>(wb, w_stride, n_w, xr, xs, n, y, y_stride);
+      case 4:
+        return narrow<4>(wb, w_stride, n_w, xr, xs, n, y, y_stride);
+      default:
+        static_assert(kGemmNarrowRows == 4);
+        break;
+    }
+    const size_t blocks = n / 32;
+    const size_t chunk_groups = std::max<size_t>(1, kGemmChunkBytes / (8 * w_stride));
+    auto* groups =
+        reinterpret_cast<Group*>(gemm_weight_scratch(chunk_groups * blocks * sizeof(Group)));
+    for (size_t c0 = 0; c0 < n_w; c0 += 8 * chunk_groups) {
+      const size_t cols = std::min(n_w - c0, 8 * chunk_groups);
+      const size_t n_groups = (cols + 7) / 8;
+      for (size_t g = 0; g < n_groups; ++g) {
+        const int in_group = cols - 8 * g < 8 ? static_cast<int>(cols - 8 * g) : 8;
+        lay_out(wb + (c0 + 8 * g) * w_stride, w_stride, in_group, blocks, groups + g * blocks);
+      }
+      size_t r = 0;
+      for (; r + 2 <= n_x; r += 2) {
+        tile_rows<2>(groups, n_groups, blocks, cols, xr + r * xs, xs, n, y + r * y_stride + c0,
+                     y_stride);
+      }
+      if (r < n_x) {
+        tile_rows<1>(groups, n_groups, blocks, cols, xr + r * xs, xs, n, y + r * y_stride + c0,
+                     y_stride);
+      }
+    }
   }
 };
 
@@ -275,8 +421,8 @@ const GemmTable* avx2_gemm() {
       gemm_tiled<FloatTile<LoadF32, 4, 3, 1>>,
       gemm_tiled<FloatTile<LoadF16, 2, 2, 3>>,
       gemm_tiled<FloatTile<LoadBf16, 2, 2, 3>>,
-      gemm_tiled<IntTile<Q8Weights>>,
-      gemm_tiled<IntTile<Q4Weights>>,
+      GroupedInt<Q8Weights>::gemm,
+      GroupedInt<Q4Weights>::gemm,
       gemm_tiled<UnpackedTile<UnpackQ4_1, 3, 2>>,
       gemm_tiled<UnpackedTile<UnpackQ5_0, 3, 2>>,
       gemm_tiled<UnpackedTile<UnpackQ5_1, 3, 2>>,
@@ -285,7 +431,7 @@ const GemmTable* avx2_gemm() {
       gemm_tiled<KQuantTile256<UnpackQ4_K, 3, 2>>,
       gemm_tiled<KQuantTile256<UnpackQ5_K, 3, 2>>,
       gemm_tiled<KQuantTile256<UnpackQ6_K, 3, 2>>,
-      gemm_tiled<IntTile<IQ4NLWeights>>,
+      GroupedInt<IQ4NLWeights>::gemm,
   }};
   return &table;
 }

@@ -21,6 +21,8 @@ struct GemmTable {
 // The calling thread's scratch buffer of at least `bytes`, kept between calls, where a kernel
 // lays out its activation rows once per call; it starts on a cache line.
 uint8_t* gemm_scratch(size_t bytes);
+// A second such buffer, for a kernel that also lays out weight rows.
+uint8_t* gemm_weight_scratch(size_t bytes);
 
 // Null when the compiler cannot target the instruction set.
 const GemmTable* avx2_gemm();

@@ -109,45 +109,6 @@ float dot_w_bf16(const void* w, const void* x, size_t n) {
   return sum;
 }
 
-// Signed int8 dot products in 32-bit lanes: maddubs needs an unsigned operand, so the sign of
-// w moves onto x.
-inline __m256i dot_i8(__m256i w, __m256i x) {
-  const __m256i abs_w = _mm256_sign_epi8(w, w);
-  const __m256i signed_x = _mm256_sign_epi8(x, w);
-  const __m256i pairs = _mm256_maddubs_epi16(abs_w, signed_x);
-  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-}
-
-float dot_w_q8_0(const void* w, const void* x, size_t n) {
-  const auto* a = static_cast<const BlockQ8_0*>(w);
-  const auto* b = static_cast<const BlockQ8_0*>(x);
-  __m256 acc = _mm256_setzero_ps();
-  for (size_t i = 0; i < n / 32; ++i) {
-    const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[i].qs));
-    const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs));
-    const __m256 d = _mm256_set1_ps(half(a[i].d) * half(b[i].d));
-    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(qa, qb)), acc);
-  }
-  return hsum256(acc);
-}
-
-float dot_w_q4_0(const void* w, const void* x, size_t n) {
-  const auto* a = static_cast<const BlockQ4_0*>(w);
-  const auto* b = static_cast<const BlockQ8_0*>(x);
-  const __m256i low4 = _mm256_set1_epi8(0x0f);
-  const __m256i eight = _mm256_set1_epi8(8);
-  __m256 acc = _mm256_setzero_ps();
-  for (size_t i = 0; i < n / 32; ++i) {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a[i].qs));
-    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
-    const __m256i qa = _mm256_sub_epi8(_mm256_and_si256(both, low4), eight);
-    const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs));
-    const __m256 d = _mm256_set1_ps(half(a[i].d) * half(b[i].d));
-    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(qa, qb)), acc);
-  }
-  return hsum256(acc);
-}
-
 KVC_ATTENTION_LOOPS(dot_f32_avx2, dot_f16_f32_avx2, axpy_f32_avx2, axpy_f16_avx2)
 
 // dot_f16_f32_avx2(a, b[j], n) for Q query rows b[j] against one f16 row a, converting a once:
@@ -347,8 +308,9 @@ void to_f16_avx2(const float* x, uint16_t* out, size_t n) {
 
 const KernelTable* avx2_kernels() {
   static const KernelTable table = {
-      // The unpacked types have no single-row dot here: their one-by-one GEMM tile is it.
-      {dot_w_f32, dot_w_f16, dot_w_bf16, dot_w_q8_0, dot_w_q4_0},
+      // The integer types have no single-row dot here: the GEMM's narrow column is it (their
+      // sums run across eight weight rows at once in its tiles, in an order of their own).
+      {dot_w_f32, dot_w_f16, dot_w_bf16},
       dot_f32_avx2,
       dot_f16_f32_avx2,
       axpy_f32_avx2,

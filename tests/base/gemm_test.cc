@@ -267,6 +267,65 @@ TEST_P(GemmTest, RandomBlockBytesEqualTheSingleRowDot) {
   }
 }
 
+// The integer value of element e of a 32-element block of weight type t.
+int weight_value(DType t, const uint8_t* block, int e) {
+  if (t == DType::Q8_0) return reinterpret_cast<const BlockQ8_0*>(block)->qs[e];
+  const uint8_t* qs = t == DType::Q4_0 ? reinterpret_cast<const BlockQ4_0*>(block)->qs
+                                       : reinterpret_cast<const BlockIQ4_NL*>(block)->qs;
+  const int nibble = e < 16 ? qs[e] & 0x0f : qs[e - 16] >> 4;
+  return t == DType::Q4_0 ? nibble - 8 : kIq4NlValues[nibble];
+}
+
+// The order AVX2 sums the integer types in (gemm_avx2.cc), written out one scalar at a time: a
+// block's exact integer sum times the product of its two scales, the terms of each group of
+// eight blocks summed pairwise as a 256-bit horizontal sum is ((0+4)+(2+6))+((1+5)+(3+7)),
+// missing blocks +0, and the groups added in order.
+float grouped_int_reference(DType t, const uint8_t* w, const uint8_t* x, size_t n) {
+  const size_t blocks = n / 32;
+  const auto* xb = reinterpret_cast<const BlockQ8_0*>(x);
+  float total = 0.0f;
+  for (size_t g = 0; g < blocks; g += 8) {
+    float p[8] = {};
+    for (size_t j = 0; j < 8 && g + j < blocks; ++j) {
+      const uint8_t* wb = w + (g + j) * block_bytes(t);
+      uint16_t dw = 0;
+      std::memcpy(&dw, wb, sizeof dw);  // every 32-element integer block starts with its scale
+      int32_t sum = 0;
+      for (int e = 0; e < 32; ++e) sum += weight_value(t, wb, e) * xb[g + j].qs[e];
+      const float scale = f16_to_f32(dw) * f16_to_f32(xb[g + j].d);
+      p[j] = scale * static_cast<float>(sum);
+    }
+    total += ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+  }
+  return total;
+}
+
+// AVX2's integer kernels (its narrow column and its tiles of eight weight rows laid side by
+// side) give the bits of the order they document, computed here without them.
+TEST(GemmAvx2, IntegerTypesSumInTheirDocumentedOrder) {
+  if (kernels::best_isa() < Isa::kAvx2) GTEST_SKIP() << "this CPU lacks avx2: not tested";
+  IsaGuard guard;
+  kernels::set_isa(Isa::kAvx2);
+  kernels::set_gemm_tiles(true);
+  for (DType wt : {DType::Q8_0, DType::Q4_0, DType::IQ4_NL}) {
+    for (size_t n : {32u, 224u, 256u, 288u, 2080u}) {
+      for (size_t n_x : {1u, 4u, 5u, 18u}) {
+        const Operands ops(wt, n, 13, n_x, static_cast<uint32_t>(n + n_x));
+        const std::vector<float> y = ops.gemm();
+        for (size_t r = 0; r < n_x; ++r) {
+          for (size_t c = 0; c < ops.n_w; ++c) {
+            const float want =
+                grouped_int_reference(wt, &ops.w[c * ops.w_stride], &ops.x[r * ops.x_stride], n);
+            ASSERT_TRUE(same_bits(y[r * ops.n_w + c], want))
+                << describe(wt, n, ops.n_w, n_x, r, c) << ": " << y[r * ops.n_w + c]
+                << " != " << want;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The untiled loop kept for benchmarks gives the same values.
 TEST_P(GemmTest, TilesOffGivesTheSameValues) {
   for (DType wt : kWeightTypes) {
