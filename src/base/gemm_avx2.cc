@@ -158,11 +158,6 @@ struct IQ4NLWeights {
   }
 };
 
-// One f16 scale as f32 in every lane.
-inline __m256 scale(const uint16_t* d) {
-  return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(*d)));
-}
-
 // Integer weights against q8_0 activations, eight weight rows to a vector: the values of eight
 // rows are laid side by side (each 32-bit lane one row's four consecutive values), so that the
 // products of a block reduce to one exact int32 per row and lane in two integer additions per
@@ -292,57 +287,87 @@ struct GroupedInt {
     }
   }
 
-  // One weight row against MR activation rows, row-major: a group's eight blocks give eight
-  // vectors of int32 sums per activation row, reduced to one whose lane j is block j's I_b,
-  // and the group's terms are then summed by hsum256 itself.
+  // The int32 sums of blocks t..t+7 of one row-major weight row against MR activation rows,
+  // lane j block t + j (0 past count blocks): each block's eight lanes are reduced by pairs
+  // of blocks, then pairs of pairs, then the two 128-bit halves.
+  template <int MR>
+  [[gnu::always_inline]] static inline void group_sums(const WBlock* a, const NarrowQ8_0Rows<MR>& x,
+                                                       size_t t, int count, __m256i (&sums)[MR]) {
+    __m256i quads[2][MR];
+#pragma GCC unroll 2
+    for (int quad = 0; quad < 2; ++quad) {
+      __m256i pairs[2][MR];
+#pragma GCC unroll 2
+      for (int pair = 0; pair < 2; ++pair) {
+        __m256i v[2][MR];
+#pragma GCC unroll 2
+        for (int k = 0; k < 2; ++k) {
+          const int j = 4 * quad + 2 * pair + k;
+          if (j >= count) {
+            for (int r = 0; r < MR; ++r) v[k][r] = _mm256_setzero_si256();
+            continue;
+          }
+          const __m256i wq = W::values(a[t + j]);
+          const __m256i wabs = _mm256_sign_epi8(wq, wq);
+#pragma GCC unroll 4
+          for (int r = 0; r < MR; ++r) {
+            const auto* xq = reinterpret_cast<const __m256i*>(x.values[r] + 32 * (t + j));
+            v[k][r] = products(wq, wabs, _mm256_load_si256(xq));
+          }
+        }
+        for (int r = 0; r < MR; ++r) pairs[pair][r] = _mm256_hadd_epi32(v[0][r], v[1][r]);
+      }
+      for (int r = 0; r < MR; ++r) quads[quad][r] = _mm256_hadd_epi32(pairs[0][r], pairs[1][r]);
+    }
+    for (int r = 0; r < MR; ++r) {
+      sums[r] = _mm256_add_epi32(_mm256_permute2x128_si256(quads[0][r], quads[1][r], 0x20),
+                                 _mm256_permute2x128_si256(quads[0][r], quads[1][r], 0x31));
+    }
+  }
+
+  // The scales of blocks t..t+7 as floats (0 past count blocks).
+  [[gnu::always_inline]] static inline __m256 group_scales(const WBlock* a, size_t t, int count) {
+    const auto d = [&](int j) { return j < count ? static_cast<int>(a[t + j].d) : 0; };
+    __m128i h = _mm_cvtsi32_si128(d(0));
+    h = _mm_insert_epi16(h, d(1), 1);
+    h = _mm_insert_epi16(h, d(2), 2);
+    h = _mm_insert_epi16(h, d(3), 3);
+    h = _mm_insert_epi16(h, d(4), 4);
+    h = _mm_insert_epi16(h, d(5), 5);
+    h = _mm_insert_epi16(h, d(6), 6);
+    h = _mm_insert_epi16(h, d(7), 7);
+    return _mm256_cvtph_ps(h);
+  }
+
+  // total[r] += the sum of the terms of blocks t..t+count-1, as hsum256 sums its lanes.
+  template <int MR>
+  [[gnu::always_inline]] static inline void add_group(const WBlock* a, const NarrowQ8_0Rows<MR>& x,
+                                                      size_t t, int count, float (&total)[MR]) {
+    __m256i sums[MR];
+    group_sums<MR>(a, x, t, count, sums);
+    const __m256 dw = group_scales(a, t, count);
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i present = _mm256_cmpgt_epi32(_mm256_set1_epi32(count), lanes);
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      const __m256 dx = count == 8 ? _mm256_loadu_ps(x.scales[r] + t)
+                                   : _mm256_maskload_ps(x.scales[r] + t, present);
+      total[r] += hsum256(_mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(sums[r])));
+    }
+  }
+
+  // One weight row against MR activation rows, row-major, with the tiles' order: a group's
+  // eight blocks reduce to one vector whose lane j is block j's I_b, and hsum256 itself sums
+  // the group's terms.
   template <int MR>
   static void narrow_column(const uint8_t* w, const NarrowQ8_0Rows<MR>& x, size_t n, float* y,
                             size_t ys) {
     const auto* a = reinterpret_cast<const WBlock*>(w);
     const size_t blocks = n / 32;
     float total[MR] = {};
-    for (size_t t = 0; t < blocks; t += 8) {
-      const int in_group = blocks - t < 8 ? static_cast<int>(blocks - t) : 8;
-      __m256i pair[MR][4];
-      alignas(16) uint16_t dw[8] = {};
-#pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) {
-        __m256i v[MR];
-        if (j < in_group) {
-          const __m256i wq = W::values(a[t + j]);
-          const __m256i wabs = _mm256_sign_epi8(wq, wq);
-          dw[j] = a[t + j].d;
-#pragma GCC unroll 4
-          for (int r = 0; r < MR; ++r) {
-            v[r] = products(
-                wq, wabs,
-                _mm256_load_si256(reinterpret_cast<const __m256i*>(x.values[r] + 32 * (t + j))));
-          }
-        } else {
-          for (int r = 0; r < MR; ++r) v[r] = _mm256_setzero_si256();
-        }
-        // Pairs of blocks, then pairs of pairs: lane order of the final sum is block order.
-        for (int r = 0; r < MR; ++r) {
-          if (j % 2 == 1)
-            pair[r][j / 2] = _mm256_hadd_epi32(pair[r][j / 2], v[r]);
-          else
-            pair[r][j / 2] = v[r];
-        }
-      }
-      const __m256 dwf = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dw)));
-      alignas(32) float dx[MR][8] = {};
-      for (int r = 0; r < MR; ++r)
-        for (int j = 0; j < in_group; ++j) dx[r][j] = x.scales[r][t + j];
-#pragma GCC unroll 4
-      for (int r = 0; r < MR; ++r) {
-        const __m256i low = _mm256_hadd_epi32(pair[r][0], pair[r][1]);
-        const __m256i high = _mm256_hadd_epi32(pair[r][2], pair[r][3]);
-        const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(low, high, 0x20),
-                                              _mm256_permute2x128_si256(low, high, 0x31));
-        const __m256 s = _mm256_mul_ps(dwf, _mm256_load_ps(dx[r]));
-        total[r] += hsum256(_mm256_mul_ps(s, _mm256_cvtepi32_ps(sums)));
-      }
-    }
+    size_t t = 0;
+    for (; t + 8 <= blocks; t += 8) add_group<MR>(a, x, t, 8, total);
+    if (t < blocks) add_group<MR>(a, x, t, static_cast<int>(blocks - t), total);
     for (int r = 0; r < MR; ++r) y[r * ys] = total[r];
   }
 
