@@ -190,12 +190,24 @@ struct GroupedInt {
     for (int c = 0; c < cols; ++c) rows[c] = row_at<WBlock>(w, ws, c);
     for (size_t b = 0; b < blocks; ++b) {
       __m256i r[8];
-      for (int c = 0; c < 8; ++c) {
-        r[c] = c < cols ? W::values(rows[c][b]) : _mm256_setzero_si256();
-        out[b].d[c] = c < cols ? half(rows[c][b].d) : 0.0f;
-      }
+      for (int c = 0; c < 8; ++c) r[c] = c < cols ? W::values(rows[c][b]) : _mm256_setzero_si256();
       transpose_lanes(r, out[b].v);
+      _mm256_store_ps(out[b].d, eight_scales([&](int c) { return c < cols ? rows[c][b].d : 0; }));
     }
+  }
+
+  // The eight f16 scales d(0), ..., d(7) as floats.
+  template <class Scale>
+  [[gnu::always_inline]] static inline __m256 eight_scales(Scale d) {
+    __m128i h = _mm_cvtsi32_si128(d(0));
+    h = _mm_insert_epi16(h, d(1), 1);
+    h = _mm_insert_epi16(h, d(2), 2);
+    h = _mm_insert_epi16(h, d(3), 3);
+    h = _mm_insert_epi16(h, d(4), 4);
+    h = _mm_insert_epi16(h, d(5), 5);
+    h = _mm_insert_epi16(h, d(6), 6);
+    h = _mm_insert_epi16(h, d(7), 7);
+    return _mm256_cvtph_ps(h);
   }
 
   // out[l] lane c = in[c] lane l: the 8 x 8 transpose of 32-bit lanes.
@@ -325,27 +337,13 @@ struct GroupedInt {
     }
   }
 
-  // The scales of blocks t..t+7 as floats (0 past count blocks).
-  [[gnu::always_inline]] static inline __m256 group_scales(const WBlock* a, size_t t, int count) {
-    const auto d = [&](int j) { return j < count ? static_cast<int>(a[t + j].d) : 0; };
-    __m128i h = _mm_cvtsi32_si128(d(0));
-    h = _mm_insert_epi16(h, d(1), 1);
-    h = _mm_insert_epi16(h, d(2), 2);
-    h = _mm_insert_epi16(h, d(3), 3);
-    h = _mm_insert_epi16(h, d(4), 4);
-    h = _mm_insert_epi16(h, d(5), 5);
-    h = _mm_insert_epi16(h, d(6), 6);
-    h = _mm_insert_epi16(h, d(7), 7);
-    return _mm256_cvtph_ps(h);
-  }
-
   // total[r] += the sum of the terms of blocks t..t+count-1, as hsum256 sums its lanes.
   template <int MR>
   [[gnu::always_inline]] static inline void add_group(const WBlock* a, const NarrowQ8_0Rows<MR>& x,
                                                       size_t t, int count, float (&total)[MR]) {
     __m256i sums[MR];
     group_sums<MR>(a, x, t, count, sums);
-    const __m256 dw = group_scales(a, t, count);
+    const __m256 dw = eight_scales([&](int j) { return j < count ? a[t + j].d : 0; });
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i present = _mm256_cmpgt_epi32(_mm256_set1_epi32(count), lanes);
 #pragma GCC unroll 4
