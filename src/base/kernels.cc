@@ -132,8 +132,9 @@ size_t activation_row_bytes(DType w, size_t n) {
 }
 
 // Raised whenever any kernel's results change bits (2: softmax's own exponential; 3: quantised
-// keys scored over their exact values, as f32 keys are).
-constexpr int kArithmeticVersion = 3;
+// keys scored over their exact values, as f32 keys are; 4: AVX2's integer weight types summed
+// block by block across eight weight rows).
+constexpr int kArithmeticVersion = 4;
 
 std::string arithmetic_identity() {
   return std::string(isa_name(active_isa())) + "/" + std::to_string(kArithmeticVersion);
