@@ -1,4 +1,5 @@
-// The layout of decode's q8_0 activation rows for the integer kernels' narrow_column (internal
+// The layout of decode's q8_0 activation rows for the integer kernels' narrow_column, which
+// AVX2's tiles of eight weight rows read too (they broadcast four values at a time) (internal
 // to base/).
 //
 // Included by each instruction set's gemm_*.cc after simd_reduce.h, inside its anonymous
