@@ -232,8 +232,7 @@ struct GroupedInt {
   // The exact int32 sums of four products w x in each lane (maddubs takes |w| unsigned and x
   // with w's sign; no pair sum exceeds 2 * 128 * 127).
   static inline __m256i products(__m256i wq, __m256i wabs, __m256i xq) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xq, wq)),
-                             _mm256_set1_epi16(1));
+    return dot_u8s8(wabs, _mm256_sign_epi8(xq, wq));
   }
 
   // p[r] lane c = P_b of weight row c and activation row r.
