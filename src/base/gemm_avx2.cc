@@ -10,6 +10,7 @@
 
 #include "base/dtype.h"
 #include "base/gemm_table.h"
+#include "base/prefetch_lines.h"
 #include "base/quant_blocks.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -378,16 +379,29 @@ struct GroupedInt {
     for (size_t c = 0; c < n_w; ++c) narrow_column<MR>(w + c * ws, prepared, n, y + c, ys);
   }
 
-  // tile<MR> for MR activation rows against every group of a chunk.
+  // The weight rows of the chunk after the one the tiles run over, requested into the
+  // second-level cache a slice with each tile, spread over every pass of the chunk: laying them
+  // out then reads the cache instead of stalling on memory with no work to overlap.
+  struct NextChunk {
+    const uint8_t* rows;  // null when there is none
+    size_t bytes;
+    size_t slices;  // passes over the chunk times its groups
+  };
+
+  // tile<MR> for MR activation rows against every group of a chunk, pass `pass` of them.
   template <int MR>
   static void tile_rows(const Group* groups, size_t n_groups, size_t blocks, size_t cols,
-                        const uint8_t* x, size_t xs, size_t n, float* y, size_t ys) {
+                        const uint8_t* x, size_t xs, size_t n, float* y, size_t ys,
+                        const NextChunk& next, size_t pass) {
     const uint8_t* rows[MR];
     for (int r = 0; r < MR; ++r) rows[r] = x + r * xs;
     const NarrowQ8_0Rows<MR> prepared(rows, n);
     for (size_t g = 0; g < n_groups; ++g) {
       const int in_group = cols - 8 * g < 8 ? static_cast<int>(cols - 8 * g) : 8;
       tile<MR>(groups + g * blocks, blocks, prepared, in_group, y + 8 * g, ys);
+      const size_t slice = pass * n_groups + g;
+      prefetch_lines_to_l2(next.rows, next.bytes * slice / next.slices,
+                           next.bytes * (slice + 1) / next.slices);
     }
   }
 
@@ -423,14 +437,18 @@ struct GroupedInt {
         const int in_group = cols - 8 * g < 8 ? static_cast<int>(cols - 8 * g) : 8;
         lay_out(wb + (c0 + 8 * g) * w_stride, w_stride, in_group, blocks, groups + g * blocks);
       }
+      const size_t next_c0 = c0 + cols;
+      const NextChunk next = {next_c0 < n_w ? wb + next_c0 * w_stride : nullptr,
+                              std::min(n_w - next_c0, 8 * chunk_groups) * w_stride,
+                              (n_x + 1) / 2 * n_groups};
       size_t r = 0;
       for (; r + 2 <= n_x; r += 2) {
         tile_rows<2>(groups, n_groups, blocks, cols, xr + r * xs, xs, n, y + r * y_stride + c0,
-                     y_stride);
+                     y_stride, next, r / 2);
       }
       if (r < n_x) {
         tile_rows<1>(groups, n_groups, blocks, cols, xr + r * xs, xs, n, y + r * y_stride + c0,
-                     y_stride);
+                     y_stride, next, r / 2);
       }
     }
   }
