@@ -121,9 +121,21 @@ template <class Lanes>
 void scores_f16_transposed(const float* const* q, size_t nq, const uint16_t* k, size_t n, size_t hd,
                            float scale, float* const* out) {
   constexpr size_t kWidth = Lanes::kWidth;
-  alignas(64) float kt[256 * kWidth];  // kt[d * kWidth + t]: key t's value d
+  // Eight-float vectors score two tiles at a time (scores_of_paired_tiles), the second's keys
+  // transposed at kt + hd * kWidth.
+  constexpr bool kPaired = kWidth == 8;
+  alignas(64) float kt[(kPaired ? 2 : 1) * 256 * kWidth];  // kt[d * kWidth + t]: key t's value d
   const size_t chunks = hd / kWidth;
   size_t t0 = 0;
+  if constexpr (kPaired) {
+    for (; t0 + 2 * kWidth <= n; t0 += 2 * kWidth) {
+      for (size_t d0 = 0; d0 < hd; d0 += kWidth) {
+        Lanes::transpose_f16(k + t0 * hd + d0, hd, kt + d0 * kWidth);
+        Lanes::transpose_f16(k + (t0 + kWidth) * hd + d0, hd, kt + (hd + d0) * kWidth);
+      }
+      scores_of_paired_tiles<Lanes>(q, nq, kt, hd * kWidth, chunks, scale, out, t0);
+    }
+  }
   for (; t0 + kWidth <= n; t0 += kWidth) {
     for (size_t d0 = 0; d0 < hd; d0 += kWidth) {
       Lanes::transpose_f16(k + t0 * hd + d0, hd, kt + d0 * kWidth);

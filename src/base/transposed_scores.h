@@ -80,6 +80,91 @@ void scores_of_transposed_group(const float* const* q, const float* kt, size_t c
   for (int j = 0; j < G; ++j) Lanes::store(out[j] + t0, Lanes::mul(s[j], Lanes::set1(scale)));
 }
 
+// Lane kLane of G queries' single-row dots over two tiles of kWidth transposed keys at once (kt
+// and kt + stride), as lane_of_transposed_dots for each tile, into lanes[j][tile][kLane]: each
+// query value broadcast serves both tiles, and the lane sums wait in memory for their folds
+// instead of holding registers, so that three queries keep twelve chains of multiply-adds.
+template <class Lanes, size_t kChunks, int G, size_t kLane>
+inline void lane_of_paired_dots(const float* const* q, const float* kt, size_t stride,
+                                size_t chunks, typename Lanes::Vec (*lanes)[2][Lanes::kWidth]) {
+  constexpr size_t kWidth = Lanes::kWidth;
+  const size_t n_chunks = kChunks > 0 ? kChunks : chunks;
+  typename Lanes::Vec a0[G][2], a1[G][2];
+  for (int j = 0; j < G; ++j) a0[j][0] = a0[j][1] = a1[j][0] = a1[j][1] = Lanes::set1(0.0f);
+  size_t c = 0;
+#pragma GCC unroll 16
+  for (; c + 2 <= n_chunks; c += 2) {
+    const size_t d = c * kWidth + kLane;
+    const typename Lanes::Vec e0 = Lanes::load(kt + d * kWidth);
+    const typename Lanes::Vec e1 = Lanes::load(kt + stride + d * kWidth);
+    for (int j = 0; j < G; ++j) {
+      const typename Lanes::Vec b = Lanes::set1(q[j][d]);
+      a0[j][0] = Lanes::fma(e0, b, a0[j][0]);
+      a0[j][1] = Lanes::fma(e1, b, a0[j][1]);
+    }
+    const typename Lanes::Vec o0 = Lanes::load(kt + (d + kWidth) * kWidth);
+    const typename Lanes::Vec o1 = Lanes::load(kt + stride + (d + kWidth) * kWidth);
+    for (int j = 0; j < G; ++j) {
+      const typename Lanes::Vec b = Lanes::set1(q[j][d + kWidth]);
+      a1[j][0] = Lanes::fma(o0, b, a1[j][0]);
+      a1[j][1] = Lanes::fma(o1, b, a1[j][1]);
+    }
+  }
+  if (c < n_chunks) {
+    const size_t d = c * kWidth + kLane;
+    const typename Lanes::Vec e0 = Lanes::load(kt + d * kWidth);
+    const typename Lanes::Vec e1 = Lanes::load(kt + stride + d * kWidth);
+    for (int j = 0; j < G; ++j) {
+      const typename Lanes::Vec b = Lanes::set1(q[j][d]);
+      a0[j][0] = Lanes::fma(e0, b, a0[j][0]);
+      a0[j][1] = Lanes::fma(e1, b, a0[j][1]);
+    }
+  }
+  for (int j = 0; j < G; ++j) {
+    lanes[j][0][kLane] = Lanes::add(a0[j][0], a1[j][0]);
+    lanes[j][1][kLane] = Lanes::add(a0[j][1], a1[j][1]);
+  }
+}
+
+// lane_of_paired_dots for every lane from kLane on.
+template <class Lanes, size_t kChunks, int G, size_t kLane>
+inline void lanes_of_paired_dots(const float* const* q, const float* kt, size_t stride,
+                                 size_t chunks, typename Lanes::Vec (*lanes)[2][Lanes::kWidth]) {
+  if constexpr (kLane < Lanes::kWidth) {
+    lane_of_paired_dots<Lanes, kChunks, G, kLane>(q, kt, stride, chunks, lanes);
+    lanes_of_paired_dots<Lanes, kChunks, G, kLane + 1>(q, kt, stride, chunks, lanes);
+  }
+}
+
+// The single-row dot's horizontal sum, kLevel folds deep, of the lanes from kLane (each a
+// vector over the keys), folded as folded_transposed_dots folds them.
+template <class Lanes, int kLevel, size_t kLane>
+inline typename Lanes::Vec fold_lanes(const typename Lanes::Vec* lane) {
+  if constexpr (kLevel == 0) {
+    return lane[kLane];
+  } else {
+    return Lanes::add(fold_lanes<Lanes, kLevel - 1, kLane>(lane),
+                      fold_lanes<Lanes, kLevel - 1, kLane + (Lanes::kWidth >> kLevel)>(lane));
+  }
+}
+
+// G queries' scores for the two tiles of kWidth transposed keys at kt and kt + stride, into
+// out[j] + t0 and out[j] + t0 + kWidth: the bits of scores_of_transposed_group on each tile.
+template <class Lanes, size_t kChunks, int G>
+void scores_of_paired_group(const float* const* q, const float* kt, size_t stride, size_t chunks,
+                            float scale, float* const* out, size_t t0) {
+  constexpr size_t kWidth = Lanes::kWidth;
+  typename Lanes::Vec lanes[G][2][kWidth];
+  lanes_of_paired_dots<Lanes, kChunks, G, 0>(q, kt, stride, chunks, lanes);
+  for (int j = 0; j < G; ++j) {
+    for (int t = 0; t < 2; ++t) {
+      Lanes::store(
+          out[j] + t0 + t * kWidth,
+          Lanes::mul(fold_lanes<Lanes, fold_levels(kWidth), 0>(lanes[j][t]), Lanes::set1(scale)));
+    }
+  }
+}
+
 // Queries a transposed tile scores together: their partial sums (one per fold level each), two
 // accumulators each and a key vector stay within the registers (32 vectors of sixteen floats,
 // 16 of eight on AVX2). Measured on Zen 4, sixteen queries of a head of 64 or 128: 1.4-1.7x
@@ -118,5 +203,45 @@ void scores_of_transposed_tile(const float* const* q, size_t nq, const float* kt
     scores_of_transposed_groups<Lanes, 8, G>(q, nq, kt, chunks, scale, out, t0);
   } else {
     scores_of_transposed_groups<Lanes, 0, G>(q, nq, kt, chunks, scale, out, t0);
+  }
+}
+
+// Every query's scores for the two tiles of kWidth transposed keys at kt and kt + stride, G at
+// a time and the last rest together.
+template <class Lanes, size_t kChunks, int G>
+void scores_of_paired_groups(const float* const* q, size_t nq, const float* kt, size_t stride,
+                             size_t chunks, float scale, float* const* out, size_t t0) {
+  size_t j = 0;
+  for (; j + G <= nq; j += G) {
+    scores_of_paired_group<Lanes, kChunks, G>(q + j, kt, stride, chunks, scale, out + j, t0);
+  }
+  if constexpr (G > 1) {
+    if (j < nq) {
+      scores_of_paired_groups<Lanes, kChunks, G - 1>(q + j, nq - j, kt, stride, chunks, scale,
+                                                     out + j, t0);
+    }
+  }
+}
+
+// Queries that score a pair of tiles together: twelve accumulators (three queries, two tiles,
+// even and odd chunks), two key vectors and a broadcast fill AVX2's sixteen registers.
+// Measured, 32 queries of a head of 64 from the first-level cache: 39.7 GMAC/s per core against
+// 31.5 for one tile at a time (two queries 28, four 33).
+constexpr int kPairedGroup = 3;
+
+// Every query's scores for two tiles of transposed keys: the loops unrolled where a head is one,
+// four or eight vectors.
+template <class Lanes>
+void scores_of_paired_tiles(const float* const* q, size_t nq, const float* kt, size_t stride,
+                            size_t chunks, float scale, float* const* out, size_t t0) {
+  constexpr int G = kPairedGroup;
+  if (chunks == 1) {
+    scores_of_paired_groups<Lanes, 1, G>(q, nq, kt, stride, chunks, scale, out, t0);
+  } else if (chunks == 4) {
+    scores_of_paired_groups<Lanes, 4, G>(q, nq, kt, stride, chunks, scale, out, t0);
+  } else if (chunks == 8) {
+    scores_of_paired_groups<Lanes, 8, G>(q, nq, kt, stride, chunks, scale, out, t0);
+  } else {
+    scores_of_paired_groups<Lanes, 0, G>(q, nq, kt, stride, chunks, scale, out, t0);
   }
 }
