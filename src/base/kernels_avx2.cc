@@ -228,10 +228,16 @@ struct ExpLanes {
 
 // Eight lanes of sums, then the last n % 8 elements one by one.
 float softmax_exp_avx2(float* p, size_t n) {
-  __m256 top = _mm256_set1_ps(p[0]);
+  // Four running maxima, so that each waits on its own last; the maximum is the same in any
+  // order (a zero's sign aside, which no difference from it sees).
+  __m256 top[4];
+  for (__m256& t : top) t = _mm256_set1_ps(p[0]);
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) top = _mm256_max_ps(_mm256_loadu_ps(p + i), top);
-  float max = hmax256(top);
+  for (; i + 32 <= n; i += 32) {
+    for (int u = 0; u < 4; ++u) top[u] = _mm256_max_ps(_mm256_loadu_ps(p + i + 8 * u), top[u]);
+  }
+  for (; i + 8 <= n; i += 8) top[0] = _mm256_max_ps(_mm256_loadu_ps(p + i), top[0]);
+  float max = hmax256(_mm256_max_ps(_mm256_max_ps(top[0], top[1]), _mm256_max_ps(top[2], top[3])));
   for (; i < n; ++i) max = std::max(max, p[i]);
   __m256 acc = _mm256_setzero_ps();
   const __m256 m = _mm256_set1_ps(max);
