@@ -151,11 +151,14 @@ TEST_P(GemmTest, WeightRowsAtAnyAlignmentEqualTheSingleRowDot) {
 }
 
 // Prefill-sized calls (16 activation rows or more): long rows over several weight chunks, short
-// rows, odd and even block counts, with full and partial tiles both ways.
+// rows, odd and even block counts, with full and partial tiles both ways (AVX2's group-major
+// tiles at their widest group, 3,584-value rows, with an odd row left).
 TEST_P(GemmTest, PrefillSizedCallsEqualTheSingleRowDot) {
   for (DType wt : kWeightTypes) {
-    for (const auto& [n, n_w, n_x] :
-         {std::tuple<size_t, size_t, size_t>{4096, 70, 18}, {256, 13, 17}, {768, 9, 16}}) {
+    for (const auto& [n, n_w, n_x] : {std::tuple<size_t, size_t, size_t>{4096, 70, 18},
+                                      {256, 13, 17},
+                                      {768, 9, 16},
+                                      {3584, 11, 33}}) {
       const size_t length = block_elements(wt) == 256 || n % 64 != 0 ? n : n + 32;
       for (size_t len : {n, length}) {
         const Operands ops(wt, len, n_w, n_x, static_cast<uint32_t>(len + n_x));
