@@ -410,17 +410,20 @@ struct GroupedInt {
   // values or fewer).
   static constexpr size_t kGroupMajorBytes = 32 * 1024;
 
-  // Tiles in group-major order, for calls whose activation rows (xs bytes apart) all fit
-  // kGemmChunkBytes: each group of eight weight rows laid out once and every tile run over it
-  // while it sits in the first-level cache, the rows of the group two ahead requested meanwhile,
-  // a slice with each tile. Against the chunks below (a quarter of a megabyte of weight rows laid
-  // out at a time, every tile streaming them from the second-level cache) each tile reads a
-  // quarter of the bytes from there: one thread, 768-value rows, 1.06x for 16 activation rows,
-  // 1.09x for 8; 2,048-value rows 1.05x for 16. Prefill-sized calls, which would lay each group
-  // out again for every block of rows that fits, gained nothing in the model and stay in chunks.
+  // Whether a call suits group_major: its laid-out group within kGroupMajorBytes and its n_x
+  // activation rows (xs bytes apart) within kGemmChunkBytes (batched decode, not prefill).
   static bool group_major_fits(size_t blocks, size_t n_x, size_t xs) {
     return blocks * sizeof(Group) <= kGroupMajorBytes && n_x * xs <= kGemmChunkBytes;
   }
+
+  // Tiles in group-major order: each group of eight weight rows laid out once and every tile run
+  // over it while it sits in the first-level cache, the rows of the group two ahead requested
+  // meanwhile, a slice with each tile. Against the chunks below (a quarter of a megabyte of
+  // weight rows laid out at a time, every tile streaming them from the second-level cache) each
+  // tile reads a quarter of the bytes from there: one thread, 768-value rows, 1.06x for 16
+  // activation rows, 1.09x for 8; 2,048-value rows 1.05x for 16. Prefill-sized calls, which
+  // would lay each group out again for every block of rows that fits, gained nothing in the
+  // model and stay in chunks.
   static void group_major(const uint8_t* wb, size_t ws, size_t n_w, const uint8_t* xr, size_t xs,
                           size_t n_x, size_t n, float* y, size_t ys) {
     const size_t blocks = n / 32;

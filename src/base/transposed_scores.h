@@ -172,55 +172,40 @@ void scores_of_paired_group(const float* const* q, const float* kt, size_t strid
 template <class Lanes>
 constexpr int kTransposedGroup = Lanes::kWidth >= 16 ? 4 : 3;
 
-// Every query's scores for the kWidth transposed keys of kt, into out[j] + t0, G at a time and
-// the last rest together.
-template <class Lanes, size_t kChunks, int G>
-void scores_of_transposed_groups(const float* const* q, size_t nq, const float* kt, size_t chunks,
-                                 float scale, float* const* out, size_t t0) {
-  size_t j = 0;
-  for (; j + G <= nq; j += G) {
-    scores_of_transposed_group<Lanes, kChunks, G>(q + j, kt, chunks, scale, out + j, t0);
-  }
+// Calls f.template operator()<G>(j) for the queries from j on, G at a time, and the last rest
+// (fewer than G) together.
+template <int G, class F>
+inline void in_query_groups(size_t nq, F&& f, size_t j = 0) {
+  for (; j + G <= nq; j += G) f.template operator()<G>(j);
   if constexpr (G > 1) {
-    if (j < nq) {
-      scores_of_transposed_groups<Lanes, kChunks, G - 1>(q + j, nq - j, kt, chunks, scale, out + j,
-                                                         t0);
-    }
+    if (j < nq) in_query_groups<G - 1>(nq, f, j);
   }
 }
 
-// Every query's scores for the kWidth transposed keys of kt, into out[j] + t0: the loops
-// unrolled where a head is one, four or eight vectors.
+// Calls f.template operator()<kChunks>() with kChunks = chunks where a head is one, four or eight
+// vectors (every loop unrolled), else 0 (chunks known at run time).
+template <class F>
+inline void with_unrolled_chunks(size_t chunks, F&& f) {
+  if (chunks == 1) {
+    f.template operator()<1>();
+  } else if (chunks == 4) {
+    f.template operator()<4>();
+  } else if (chunks == 8) {
+    f.template operator()<8>();
+  } else {
+    f.template operator()<0>();
+  }
+}
+
+// Every query's scores for the kWidth transposed keys of kt, into out[j] + t0.
 template <class Lanes>
 void scores_of_transposed_tile(const float* const* q, size_t nq, const float* kt, size_t chunks,
                                float scale, float* const* out, size_t t0) {
-  constexpr int G = kTransposedGroup<Lanes>;
-  if (chunks == 1) {
-    scores_of_transposed_groups<Lanes, 1, G>(q, nq, kt, chunks, scale, out, t0);
-  } else if (chunks == 4) {
-    scores_of_transposed_groups<Lanes, 4, G>(q, nq, kt, chunks, scale, out, t0);
-  } else if (chunks == 8) {
-    scores_of_transposed_groups<Lanes, 8, G>(q, nq, kt, chunks, scale, out, t0);
-  } else {
-    scores_of_transposed_groups<Lanes, 0, G>(q, nq, kt, chunks, scale, out, t0);
-  }
-}
-
-// Every query's scores for the two tiles of kWidth transposed keys at kt and kt + stride, G at
-// a time and the last rest together.
-template <class Lanes, size_t kChunks, int G>
-void scores_of_paired_groups(const float* const* q, size_t nq, const float* kt, size_t stride,
-                             size_t chunks, float scale, float* const* out, size_t t0) {
-  size_t j = 0;
-  for (; j + G <= nq; j += G) {
-    scores_of_paired_group<Lanes, kChunks, G>(q + j, kt, stride, chunks, scale, out + j, t0);
-  }
-  if constexpr (G > 1) {
-    if (j < nq) {
-      scores_of_paired_groups<Lanes, kChunks, G - 1>(q + j, nq - j, kt, stride, chunks, scale,
-                                                     out + j, t0);
-    }
-  }
+  with_unrolled_chunks(chunks, [&]<size_t kChunks>() {
+    in_query_groups<kTransposedGroup<Lanes>>(nq, [&]<int G>(size_t j) {
+      scores_of_transposed_group<Lanes, kChunks, G>(q + j, kt, chunks, scale, out + j, t0);
+    });
+  });
 }
 
 // Queries that score a pair of tiles together: twelve accumulators (three queries, two tiles,
@@ -229,19 +214,14 @@ void scores_of_paired_groups(const float* const* q, size_t nq, const float* kt, 
 // 31.5 for one tile at a time (two queries 28, four 33).
 constexpr int kPairedGroup = 3;
 
-// Every query's scores for two tiles of transposed keys: the loops unrolled where a head is one,
-// four or eight vectors.
+// Every query's scores for the two tiles of kWidth transposed keys at kt and kt + stride, into
+// out[j] + t0 and out[j] + t0 + kWidth.
 template <class Lanes>
 void scores_of_paired_tiles(const float* const* q, size_t nq, const float* kt, size_t stride,
                             size_t chunks, float scale, float* const* out, size_t t0) {
-  constexpr int G = kPairedGroup;
-  if (chunks == 1) {
-    scores_of_paired_groups<Lanes, 1, G>(q, nq, kt, stride, chunks, scale, out, t0);
-  } else if (chunks == 4) {
-    scores_of_paired_groups<Lanes, 4, G>(q, nq, kt, stride, chunks, scale, out, t0);
-  } else if (chunks == 8) {
-    scores_of_paired_groups<Lanes, 8, G>(q, nq, kt, stride, chunks, scale, out, t0);
-  } else {
-    scores_of_paired_groups<Lanes, 0, G>(q, nq, kt, stride, chunks, scale, out, t0);
-  }
+  with_unrolled_chunks(chunks, [&]<size_t kChunks>() {
+    in_query_groups<kPairedGroup>(nq, [&]<int G>(size_t j) {
+      scores_of_paired_group<Lanes, kChunks, G>(q + j, kt, stride, chunks, scale, out + j, t0);
+    });
+  });
 }
