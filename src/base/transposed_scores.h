@@ -91,35 +91,23 @@ inline void lane_of_paired_dots(const float* const* q, const float* kt, size_t s
   const size_t n_chunks = kChunks > 0 ? kChunks : chunks;
   typename Lanes::Vec a0[G][2], a1[G][2];
   for (int j = 0; j < G; ++j) a0[j][0] = a0[j][1] = a1[j][0] = a1[j][1] = Lanes::set1(0.0f);
+  // Value d of both tiles' keys times each query's value d, into acc.
+  const auto add_products = [&](size_t d, typename Lanes::Vec(&acc)[G][2]) {
+    const typename Lanes::Vec k0 = Lanes::load(kt + d * kWidth);
+    const typename Lanes::Vec k1 = Lanes::load(kt + stride + d * kWidth);
+    for (int j = 0; j < G; ++j) {
+      const typename Lanes::Vec b = Lanes::set1(q[j][d]);
+      acc[j][0] = Lanes::fma(k0, b, acc[j][0]);
+      acc[j][1] = Lanes::fma(k1, b, acc[j][1]);
+    }
+  };
   size_t c = 0;
 #pragma GCC unroll 16
   for (; c + 2 <= n_chunks; c += 2) {
-    const size_t d = c * kWidth + kLane;
-    const typename Lanes::Vec e0 = Lanes::load(kt + d * kWidth);
-    const typename Lanes::Vec e1 = Lanes::load(kt + stride + d * kWidth);
-    for (int j = 0; j < G; ++j) {
-      const typename Lanes::Vec b = Lanes::set1(q[j][d]);
-      a0[j][0] = Lanes::fma(e0, b, a0[j][0]);
-      a0[j][1] = Lanes::fma(e1, b, a0[j][1]);
-    }
-    const typename Lanes::Vec o0 = Lanes::load(kt + (d + kWidth) * kWidth);
-    const typename Lanes::Vec o1 = Lanes::load(kt + stride + (d + kWidth) * kWidth);
-    for (int j = 0; j < G; ++j) {
-      const typename Lanes::Vec b = Lanes::set1(q[j][d + kWidth]);
-      a1[j][0] = Lanes::fma(o0, b, a1[j][0]);
-      a1[j][1] = Lanes::fma(o1, b, a1[j][1]);
-    }
+    add_products(c * kWidth + kLane, a0);
+    add_products((c + 1) * kWidth + kLane, a1);
   }
-  if (c < n_chunks) {
-    const size_t d = c * kWidth + kLane;
-    const typename Lanes::Vec e0 = Lanes::load(kt + d * kWidth);
-    const typename Lanes::Vec e1 = Lanes::load(kt + stride + d * kWidth);
-    for (int j = 0; j < G; ++j) {
-      const typename Lanes::Vec b = Lanes::set1(q[j][d]);
-      a0[j][0] = Lanes::fma(e0, b, a0[j][0]);
-      a0[j][1] = Lanes::fma(e1, b, a0[j][1]);
-    }
-  }
+  if (c < n_chunks) add_products(c * kWidth + kLane, a0);
   for (int j = 0; j < G; ++j) {
     lanes[j][0][kLane] = Lanes::add(a0[j][0], a1[j][0]);
     lanes[j][1][kLane] = Lanes::add(a0[j][1], a1[j][1]);
