@@ -400,8 +400,8 @@ struct GroupedInt {
       const int in_group = cols - 8 * g < 8 ? static_cast<int>(cols - 8 * g) : 8;
       tile<MR>(groups + g * blocks, blocks, prepared, in_group, y + 8 * g, ys);
       const size_t slice = pass * n_groups + g;
-      prefetch_lines_to_l2(next.rows, next.bytes * slice / next.slices,
-                           next.bytes * (slice + 1) / next.slices);
+      prefetch_lines<2>(next.rows, next.bytes * slice / next.slices,
+                        next.bytes * (slice + 1) / next.slices);
     }
   }
 
