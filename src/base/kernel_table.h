@@ -37,6 +37,8 @@ struct KernelTable {
   // p[t] = exp(p[t] - max) for t < n, max the largest p[t] (softmax_exp.h's exponential);
   // returns their sum.
   float (*softmax_exp)(float* p, size_t n);
+  // gate[i] = silu(gate[i]) * up[i] for i < n (softmax_exp.h's silu_times).
+  void (*silu_mul)(float* gate, const float* up, size_t n);
   // The sum of the n 64-bit words at p, read with the instruction set's widest loads.
   uint64_t (*read_sum)(const uint64_t* p, size_t n);
 };

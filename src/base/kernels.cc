@@ -133,8 +133,8 @@ size_t activation_row_bytes(DType w, size_t n) {
 
 // Raised whenever any kernel's results change bits (2: softmax's own exponential; 3: quantised
 // keys scored over their exact values, as f32 keys are; 4: AVX2's integer weight types summed
-// block by block across eight weight rows).
-constexpr int kArithmeticVersion = 4;
+// block by block across eight weight rows; 5: SwiGLU's gate through softmax's exponential).
+constexpr int kArithmeticVersion = 5;
 
 std::string arithmetic_identity() {
   return std::string(isa_name(active_isa())) + "/" + std::to_string(kArithmeticVersion);
@@ -146,6 +146,10 @@ void prepare_activations(DType w, const float* x, void* out, size_t n) {
 
 float softmax_exp(float* p, size_t n) {
   return table().softmax_exp(p, n);
+}
+
+void silu_mul(float* gate, const float* up, size_t n) {
+  table().silu_mul(gate, up, n);
 }
 
 uint64_t read_sum(const uint64_t* p, size_t n) {

@@ -40,6 +40,10 @@ void prepare_activations(DType w, const float* x, void* out, size_t n);
 // and with the same bits on every instruction set (0 below exp(-87)); returns their sum, in an
 // order that depends on n only.
 float softmax_exp(float* p, size_t n);
+// gate[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i] for i < n (SwiGLU),
+// through softmax_exp's exponential: within a few ulp, with the same bits on every instruction
+// set and wherever an element falls in the array.
+void silu_mul(float* gate, const float* up, size_t n);
 // The sum (mod 2^64) of the n 64-bit words at p, read with the active instruction set's widest
 // loads, as the kernels read weights: the bandwidth probe that decode is measured against.
 uint64_t read_sum(const uint64_t* p, size_t n);

@@ -224,7 +224,22 @@ struct ExpLanes {
   static Vec zero_below(Vec v, Vec x, float limit) {
     return _mm256_blendv_ps(v, _mm256_setzero_ps(), _mm256_cmp_ps(x, set1(limit), _CMP_LT_OQ));
   }
+  static Vec div(Vec a, Vec b) { return _mm256_div_ps(a, b); }
+  static Vec min(Vec a, Vec b) { return _mm256_min_ps(a, b); }
+  static Vec if_nonnegative(Vec g, Vec a, Vec b) {
+    return _mm256_blendv_ps(b, a, _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_GE_OQ));
+  }
 };
+
+// Eight lanes at a time, then the last n % 8 elements one by one with the same steps.
+void silu_mul_avx2(float* gate, const float* up, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(gate + i, softmax_exp::silu_times<ExpLanes>(_mm256_loadu_ps(gate + i),
+                                                                 _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) gate[i] = softmax_exp::silu_times<softmax_exp::Scalar>(gate[i], up[i]);
+}
 
 // Eight lanes of sums, then the last n % 8 elements one by one.
 float softmax_exp_avx2(float* p, size_t n) {
@@ -343,6 +358,7 @@ const KernelTable* avx2_kernels() {
       quantize_q8_0_avx2,
       to_f16_avx2,
       softmax_exp_avx2,
+      silu_mul_avx2,
       read_sum_avx2,
   };
   return &table;

@@ -254,7 +254,27 @@ struct ExpLanes {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, set1(limit), _CMP_LT_OQ), v,
                                 _mm512_setzero_ps());
   }
+  static Vec div(Vec a, Vec b) { return _mm512_div_ps(a, b); }
+  static Vec min(Vec a, Vec b) { return _mm512_min_ps(a, b); }
+  static Vec if_nonnegative(Vec g, Vec a, Vec b) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ), b, a);
+  }
 };
+
+// Sixteen lanes at a time, the last n % 16 elements in masked lanes.
+void silu_mul_avx512(float* gate, const float* up, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(gate + i, softmax_exp::silu_times<ExpLanes>(_mm512_loadu_ps(gate + i),
+                                                                 _mm512_loadu_ps(up + i)));
+  }
+  if (i < n) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(gate + i, mask,
+                          softmax_exp::silu_times<ExpLanes>(_mm512_maskz_loadu_ps(mask, gate + i),
+                                                            _mm512_maskz_loadu_ps(mask, up + i)));
+  }
+}
 
 // Sixteen lanes of sums, the last n % 16 elements in masked lanes.
 float softmax_exp_avx512(float* p, size_t n) {
@@ -358,6 +378,7 @@ const KernelTable* avx512_kernels() {
       quantize_q8_0_avx2,
       to_f16_avx2,
       softmax_exp_avx512,
+      silu_mul_avx512,
       read_sum_avx512,
   };
   return &table;

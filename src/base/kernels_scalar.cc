@@ -148,6 +148,11 @@ void to_f16_scalar(const float* x, uint16_t* out, size_t n) {
 }
 
 // Eight independent sums keep several loads in flight.
+void silu_mul_scalar(float* gate, const float* up, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    gate[i] = softmax_exp::silu_times<softmax_exp::Scalar>(gate[i], up[i]);
+}
+
 uint64_t read_sum_scalar(const uint64_t* p, size_t n) {
   uint64_t a[8] = {};
   size_t i = 0;
@@ -182,6 +187,7 @@ const KernelTable& scalar_kernels() {
       quantize_q8_0_scalar,
       to_f16_scalar,
       softmax_exp_scalar,
+      silu_mul_scalar,
       read_sum_scalar,
   };
   return table;

@@ -1,5 +1,5 @@
-// The exponential of attention's softmax, written once for scalar and vector code (internal to
-// base/).
+// The exponential of attention's softmax, and SwiGLU's gate through it, written once for scalar
+// and vector code (internal to base/).
 //
 // Included by kernels_scalar.cc, kernels_avx2.cc and kernels_avx512.cc inside their anonymous
 // namespace (the vector ones after their target pragma), like simd_reduce.h. It includes
@@ -42,6 +42,18 @@ typename V::Vec exp(typename V::Vec x) {
   return V::zero_below(V::scale(y, n), x, kFloor);
 }
 
+// SwiGLU's gate times up, g * sigmoid(g) * u, through the same exponential, which only ever
+// sees e = exp(-|g|) <= 1: sigmoid(g) = 1 / (1 + e) for g >= 0, e / (1 + e) below (0 where g <
+// -87, and g itself above 87). V also provides div, min and if_nonnegative(g, a, b) (a where
+// g >= 0, else b, NaN taking b).
+template <class V>
+typename V::Vec silu_times(typename V::Vec g, typename V::Vec u) {
+  const typename V::Vec e = exp<V>(V::min(g, V::mul(g, V::set1(-1.0f))));
+  const typename V::Vec s =
+      V::div(V::if_nonnegative(g, V::set1(1.0f), e), V::add(e, V::set1(1.0f)));
+  return V::mul(V::mul(g, s), u);
+}
+
 // The same steps on one float.
 struct Scalar {
   using Vec = float;
@@ -59,5 +71,9 @@ struct Scalar {
     return y;
   }
   static float zero_below(float v, float x, float limit) { return x < limit ? 0.0f : v; }
+  static float div(float a, float b) { return a / b; }
+  // As minps: b where either is NaN.
+  static float min(float a, float b) { return a < b ? a : b; }
+  static float if_nonnegative(float g, float a, float b) { return g >= 0.0f ? a : b; }
 };
 }  // namespace softmax_exp

@@ -690,10 +690,8 @@ std::span<const float> LlamaModel::forward(ThreadPool& threads, kv::BlockPool& p
     threads.parallel_for(
         n * c.n_ff,
         [&](size_t b, size_t e) {
-          for (size_t i = b; i < e; ++i) {
-            const float gv = s.gate[i];
-            s.gate[i] = (c.ffn_gelu ? gelu(gv) : gv / (1.0f + std::exp(-gv))) * s.up[i];
-          }
+          if (!c.ffn_gelu) return kernels::silu_mul(&s.gate[b], &s.up[b], e - b);
+          for (size_t i = b; i < e; ++i) s.gate[i] = gelu(s.gate[i]) * s.up[i];
         },
         1 << 14);
     matmul(threads, w.w_down, s.gate.data(), n, s.xb.data(), s.activations);

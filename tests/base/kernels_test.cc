@@ -133,6 +133,63 @@ TEST(Kernels, SoftmaxExpIsAccurateAndTheSameOnEveryIsa) {
   }
 }
 
+// SwiGLU's silu(gate) * up: within a few ulp of the double-precision value over the range
+// activations take and beyond (the exponential saturating to g or to 0 past +-87), NaN kept,
+// and the same bits on every instruction set whatever lane, tail or offset an element takes.
+TEST(Kernels, SiluMulIsAccurateAndTheSameOnEveryIsaAndPlace) {
+  IsaGuard guard;
+  std::vector<float> gate, up;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> wide(-30.0f, 30.0f), near(-1.0f, 1.0f);
+  for (int i = 0; i < 5000; ++i) {
+    gate.push_back(i % 2 ? wide(rng) : near(rng));
+    up.push_back(near(rng) * 4.0f);
+  }
+  for (float g : {0.0f, -0.0f, 1e-30f, -1e-30f, 86.9f, 87.1f, -86.9f, -87.1f, 100.0f, -100.0f,
+                  1e30f, -1e30f, INFINITY, -INFINITY}) {
+    gate.push_back(g);
+    up.push_back(1.5f);
+  }
+  gate.push_back(NAN);
+  up.push_back(1.0f);
+  std::vector<std::vector<float>> results;
+  for (Isa isa : supported_isas()) {
+    kernels::set_isa(isa);
+    std::vector<float> got = gate;
+    kernels::silu_mul(got.data(), up.data(), got.size());
+    for (size_t i = 0; i + 1 < got.size(); ++i) {
+      const double g = gate[i], u = up[i];
+      if (std::isinf(g)) {  // as g / (1 + exp(-g)) * u: infinity above, NaN (-inf / inf) below
+        EXPECT_TRUE(g > 0 ? got[i] == INFINITY : std::isnan(got[i])) << kernels::isa_name(isa);
+        continue;
+      }
+      const double want = g / (1.0 + std::exp(-g)) * u;
+      // Below -87 the exponential is 0, so silu is -0 where it would be under 87 e^-87 |u|.
+      const double slack = g < -87.0 ? 1e-35 : std::abs(want) * 6e-7;
+      ASSERT_NEAR(got[i], want, slack) << kernels::isa_name(isa) << " g=" << g << " u=" << u;
+    }
+    EXPECT_TRUE(std::isnan(got.back())) << kernels::isa_name(isa);
+    // Every element alone and from every offset of a short run: the bits of the whole call.
+    for (size_t offset : {size_t{0}, size_t{1}, size_t{5}, size_t{9}, size_t{17}}) {
+      for (size_t n : {size_t{1}, size_t{7}, size_t{8}, size_t{15}, size_t{16}, size_t{33}}) {
+        std::vector<float> part(gate.begin() + offset, gate.begin() + offset + n);
+        kernels::silu_mul(part.data(), up.data() + offset, n);
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(part[i]), std::bit_cast<uint32_t>(got[offset + i]))
+              << kernels::isa_name(isa) << " offset " << offset << " n " << n;
+        }
+      }
+    }
+    results.push_back(got);
+  }
+  for (const auto& r : results) {
+    for (size_t i = 0; i < r.size(); ++i) {
+      if (std::isnan(r[i]) && std::isnan(results[0][i])) continue;
+      ASSERT_EQ(std::bit_cast<uint32_t>(r[i]), std::bit_cast<uint32_t>(results[0][i])) << i;
+    }
+  }
+}
+
 // The bandwidth probe's read: every word counted once (wrapping), whole steps, tails and
 // unaligned starts alike.
 TEST(Kernels, ReadSumAddsEveryWordOnEveryIsa) {
