@@ -147,12 +147,12 @@ void to_f16_scalar(const float* x, uint16_t* out, size_t n) {
   quantize_row(DType::F16, x, out, n);
 }
 
-// Eight independent sums keep several loads in flight.
 void silu_mul_scalar(float* gate, const float* up, size_t n) {
   for (size_t i = 0; i < n; ++i)
     gate[i] = softmax_exp::silu_times<softmax_exp::Scalar>(gate[i], up[i]);
 }
 
+// Eight independent sums keep several loads in flight.
 uint64_t read_sum_scalar(const uint64_t* p, size_t n) {
   uint64_t a[8] = {};
   size_t i = 0;
