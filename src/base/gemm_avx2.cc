@@ -382,12 +382,6 @@ struct GroupedInt {
   // The weight rows of the chunk after the one the tiles run over, requested into the
   // second-level cache a slice with each tile, spread over every pass of the chunk: laying them
   // out then reads the cache instead of stalling on memory with no work to overlap.
-  struct NextChunk {
-    const uint8_t* rows;  // null when there is none
-    size_t bytes;
-    size_t slices;  // passes over the chunk times its groups
-  };
-
   // tile<MR> for MR activation rows against every group of a chunk, pass `pass` of them.
   template <int MR>
   static void tile_rows(const Group* groups, size_t n_groups, size_t blocks, size_t cols,
@@ -399,9 +393,7 @@ struct GroupedInt {
     for (size_t g = 0; g < n_groups; ++g) {
       const int in_group = cols - 8 * g < 8 ? static_cast<int>(cols - 8 * g) : 8;
       tile<MR>(groups + g * blocks, blocks, prepared, in_group, y + 8 * g, ys);
-      const size_t slice = pass * n_groups + g;
-      prefetch_lines<2>(next.rows, next.bytes * slice / next.slices,
-                        next.bytes * (slice + 1) / next.slices);
+      next.request(pass * n_groups + g);
     }
   }
 

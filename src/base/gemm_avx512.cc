@@ -9,6 +9,7 @@
 
 #include "base/dtype.h"
 #include "base/gemm_table.h"
+#include "base/prefetch_lines.h"
 #include "base/quant_blocks.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)

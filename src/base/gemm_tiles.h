@@ -22,6 +22,22 @@ constexpr size_t kGemmChunkBytes = 256 * 1024;
 // weight rows one at a time, in address order.
 constexpr size_t kGemmNarrowRows = 4;
 
+// The weight rows of the chunk after the one the tiles are reading, requested into the
+// second-level cache a slice at a time while they run (prefetch_lines.h, which the including
+// file includes before its target pragma): with few activation rows (batched decode) each chunk
+// serves only a few passes, and its first would otherwise wait on memory.
+struct NextChunk {
+  const uint8_t* rows;  // null when there is none
+  size_t bytes;
+  size_t slices;  // the steps the requests are spread over
+
+  // Requests slice `slice` (< slices) of the chunk's bytes; nothing when there is no chunk.
+  void request(size_t slice) const {
+    if (rows == nullptr) return;
+    kvc::kernels::prefetch_lines<2>(rows, bytes * slice / slices, bytes * (slice + 1) / slices);
+  }
+};
+
 // sums[r * NR + j] = the horizontal sum of acc[r][j], the tile's sums reduced together by the
 // including file's hsums (the bits of its one-vector sum).
 template <int MR, int NR, class Vec>
@@ -41,30 +57,40 @@ inline void store_sums(const Vec (&acc)[MR][NR], float* y, size_t ys) {
     for (int j = 0; j < NR; ++j) y[r * ys + j] = sums[r * NR + j];
 }
 
+// Weight rows [c_begin, c_end) against MR activation rows, pass `pass` over the chunk: each
+// tile requests its slice of the next chunk, tile t of pass p slice p * kCols-wide tiles + t.
 template <class K, int MR>
 void gemm_tile_row(const uint8_t* w, size_t w_stride, size_t c_begin, size_t c_end,
                    const uint8_t* x, size_t x_stride, size_t n, float* y, size_t y_stride,
-                   bool narrow) {
+                   bool narrow, const NextChunk& next = {}, size_t pass = 0) {
   size_t c = c_begin;
+  const size_t first_slice = pass * ((c_end - c_begin + K::kCols - 1) / K::kCols);
   if constexpr (MR == K::kRows) {
     for (; !narrow && c + K::kCols <= c_end; c += K::kCols) {
       K::template tile<MR, K::kCols>(w + c * w_stride, w_stride, x, x_stride, n, y + c, y_stride);
+      next.request(first_slice + (c - c_begin) / K::kCols);
     }
   }
   for (; c < c_end; ++c) {
     K::template tile<MR, 1>(w + c * w_stride, w_stride, x, x_stride, n, y + c, y_stride);
+    if ((c - c_begin) % K::kCols == K::kCols - 1 || c + 1 == c_end) {
+      next.request(first_slice + (c - c_begin) / K::kCols);
+    }
   }
 }
 
 // The rows < R left over after the full tiles, as one tile of that many rows.
 template <class K, int R>
 void gemm_rest_rows(size_t rows, const uint8_t* w, size_t w_stride, size_t c_begin, size_t c_end,
-                    const uint8_t* x, size_t x_stride, size_t n, float* y, size_t y_stride) {
+                    const uint8_t* x, size_t x_stride, size_t n, float* y, size_t y_stride,
+                    const NextChunk& next, size_t pass) {
   if constexpr (R > 1) {
     if (rows == R - 1) {
-      gemm_tile_row<K, R - 1>(w, w_stride, c_begin, c_end, x, x_stride, n, y, y_stride, true);
+      gemm_tile_row<K, R - 1>(w, w_stride, c_begin, c_end, x, x_stride, n, y, y_stride, true, next,
+                              pass);
     } else {
-      gemm_rest_rows<K, R - 1>(rows, w, w_stride, c_begin, c_end, x, x_stride, n, y, y_stride);
+      gemm_rest_rows<K, R - 1>(rows, w, w_stride, c_begin, c_end, x, x_stride, n, y, y_stride, next,
+                               pass);
     }
   }
 }
@@ -117,14 +143,19 @@ void gemm_tiled(const void* w, size_t w_stride, size_t n_w, const void* x, size_
   }
   size_t chunk = kGemmChunkBytes / w_stride / K::kCols * K::kCols;
   if (chunk < static_cast<size_t>(K::kCols)) chunk = K::kCols;
+  const size_t passes = (n_x + K::kRows - 1) / K::kRows;
   for (size_t c0 = 0; c0 < n_w; c0 += chunk) {
     const size_t c1 = n_w - c0 < chunk ? n_w : c0 + chunk;
+    const NextChunk next = {c1 < n_w ? wb + c1 * w_stride : nullptr,
+                            (n_w - c1 < chunk ? n_w - c1 : chunk) * w_stride,
+                            passes * ((c1 - c0 + K::kCols - 1) / K::kCols)};
     size_t r = 0;
     for (; r + K::kRows <= n_x; r += K::kRows) {
       gemm_tile_row<K, K::kRows>(wb, w_stride, c0, c1, xb + r * x_stride, x_stride, n,
-                                 y + r * y_stride, y_stride, n_x <= kGemmNarrowRows);
+                                 y + r * y_stride, y_stride, n_x <= kGemmNarrowRows, next,
+                                 r / K::kRows);
     }
     gemm_rest_rows<K, K::kRows>(n_x - r, wb, w_stride, c0, c1, xb + r * x_stride, x_stride, n,
-                                y + r * y_stride, y_stride);
+                                y + r * y_stride, y_stride, next, r / K::kRows);
   }
 }
