@@ -379,10 +379,9 @@ struct GroupedInt {
     for (size_t c = 0; c < n_w; ++c) narrow_column<MR>(w + c * ws, prepared, n, y + c, ys);
   }
 
-  // The weight rows of the chunk after the one the tiles run over, requested into the
-  // second-level cache a slice with each tile, spread over every pass of the chunk: laying them
-  // out then reads the cache instead of stalling on memory with no work to overlap.
-  // tile<MR> for MR activation rows against every group of a chunk, pass `pass` of them.
+  // tile<MR> for MR activation rows against every group of a chunk, pass `pass` of them, each
+  // group requesting its slice of the next chunk (NextChunk), which laying that chunk out then
+  // reads from the cache instead of stalling on memory with no work to overlap.
   template <int MR>
   static void tile_rows(const Group* groups, size_t n_groups, size_t blocks, size_t cols,
                         const uint8_t* x, size_t xs, size_t n, float* y, size_t ys,

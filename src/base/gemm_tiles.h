@@ -57,8 +57,9 @@ inline void store_sums(const Vec (&acc)[MR][NR], float* y, size_t ys) {
     for (int j = 0; j < NR; ++j) y[r * ys + j] = sums[r * NR + j];
 }
 
-// Weight rows [c_begin, c_end) against MR activation rows, pass `pass` over the chunk: each
-// tile requests its slice of the next chunk, tile t of pass p slice p * kCols-wide tiles + t.
+// Weight rows [c_begin, c_end) against MR activation rows, pass `pass` over the chunk: after
+// each kCols weight rows, their tile's slice of the next chunk is requested (pass p's tile t
+// takes slice p * tiles per pass + t).
 template <class K, int MR>
 void gemm_tile_row(const uint8_t* w, size_t w_stride, size_t c_begin, size_t c_end,
                    const uint8_t* x, size_t x_stride, size_t n, float* y, size_t y_stride,

@@ -169,7 +169,7 @@ TEST(Kernels, SiluMulIsAccurateAndTheSameOnEveryIsaAndPlace) {
       ASSERT_NEAR(got[i], want, slack) << kernels::isa_name(isa) << " g=" << g << " u=" << u;
     }
     EXPECT_TRUE(std::isnan(got.back())) << kernels::isa_name(isa);
-    // Every element alone and from every offset of a short run: the bits of the whole call.
+    // Runs of several lengths from several offsets: the bits of the whole call.
     for (size_t offset : {size_t{0}, size_t{1}, size_t{5}, size_t{9}, size_t{17}}) {
       for (size_t n : {size_t{1}, size_t{7}, size_t{8}, size_t{15}, size_t{16}, size_t{33}}) {
         std::vector<float> part(gate.begin() + offset, gate.begin() + offset + n);
