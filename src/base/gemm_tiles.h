@@ -63,7 +63,7 @@ inline void store_sums(const Vec (&acc)[MR][NR], float* y, size_t ys) {
 template <class K, int MR>
 void gemm_tile_row(const uint8_t* w, size_t w_stride, size_t c_begin, size_t c_end,
                    const uint8_t* x, size_t x_stride, size_t n, float* y, size_t y_stride,
-                   bool narrow, const NextChunk& next = {}, size_t pass = 0) {
+                   bool narrow, const NextChunk& next, size_t pass) {
   size_t c = c_begin;
   const size_t first_slice = pass * ((c_end - c_begin + K::kCols - 1) / K::kCols);
   if constexpr (MR == K::kRows) {
