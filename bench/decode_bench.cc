@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "base/byte_size.h"
 #include "base/histogram.h"
@@ -31,6 +32,8 @@ Speeds speeds(const engine::RequestStats& s) {
 
 // Passes over the bandwidth array per measurement: a pass takes about 25 ms.
 constexpr int kProbePasses = 3;
+// Rows quantised for ProductBandwidth's matrix before it is copied over the rest.
+constexpr size_t kProductTileRows = 256;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -68,13 +71,46 @@ ReadBandwidth::Rate ReadBandwidth::measure(int threads, int passes) {
   return rate;
 }
 
+ProductBandwidth::ProductBandwidth(DType dtype, size_t in_dim, size_t bytes)
+    : memory_(std::max(bytes, kProductTileRows * row_bytes(dtype, in_dim))) {
+  const size_t stride = row_bytes(dtype, in_dim);
+  weights_ = {dtype, memory_.data(), memory_.size() / stride, in_dim};
+  // A tile of rows quantised from values in [-1, 1), then copied over the whole matrix: valid
+  // weights of the type (no NaN or subnormal scales to slow a kernel) at a copy's cost.
+  model::Rng rng(7);
+  const auto value = [&] { return static_cast<float>(rng.next() % 2001) / 1000.0f - 1.0f; };
+  std::vector<float> row(in_dim);
+  for (size_t r = 0; r < kProductTileRows; ++r) {
+    for (float& v : row) v = value();
+    quantize_row(dtype, row.data(), memory_.data() + r * stride, in_dim);
+  }
+  const size_t tile = kProductTileRows * stride;
+  for (size_t at = tile; at < weights_.out_dim * stride; at += tile) {
+    std::memcpy(memory_.data() + at, memory_.data(),
+                std::min(tile, weights_.out_dim * stride - at));
+  }
+  x_.resize(in_dim);
+  for (float& v : x_) v = value();
+  y_.resize(weights_.out_dim);
+}
+
+double ProductBandwidth::measure(int threads, int passes) {
+  ThreadPool pool(threads);
+  const double gb = static_cast<double>(weights_.out_dim * weights_.row_stride()) / 1e9;
+  const auto start = Clock::now();
+  for (int pass = 0; pass < passes; ++pass)
+    matmul(pool, weights_, x_.data(), 1, y_.data(), scratch_);
+  return gb * passes / seconds_since(start);
+}
+
 void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
   ReadBandwidth bandwidth(o.bandwidth_bytes);
   out << fmt::format("KV cache: {}\n", kv::kv_dtypes_name(o.kv_k_dtype, o.kv_v_dtype));
   out << fmt::format(
-      "{:<16} {:<5} {:>7} {:>10} {:>12} {:>8} {:>11} {:>8} {:>12} {:>11} {:>9} {:>8}\n", "model",
-      "dtype", "threads", "weights", "prefill t/s", "vs rows", "decode t/s", "vs rows",
-      "decode GB/s", "limit GB/s", "of limit", "of best");
+      "{:<16} {:<5} {:>7} {:>10} {:>12} {:>8} {:>11} {:>8} {:>12} {:>11} {:>9} {:>8} {:>10} "
+      "{:>9}\n",
+      "model", "dtype", "threads", "weights", "prefill t/s", "vs rows", "decode t/s", "vs rows",
+      "decode GB/s", "limit GB/s", "of limit", "of best", "GEMV GB/s", "GEMV of");
   out.flush();
   for (const std::string& preset : o.presets) {
     for (DType dtype : o.dtypes) {
@@ -83,6 +119,7 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
       const auto& c = model->config();
       const auto tokenizer = model::Tokenizer::from_gguf(model->file());
       const kv::KvGeometry g = c.kv_geometry(o.kv_k_dtype, o.kv_v_dtype, 0);
+      ProductBandwidth product(dtype, static_cast<size_t>(c.n_embd), o.bandwidth_bytes);
       const size_t tokens = o.prompt_tokens + o.decode_tokens + 8;
       model::Rng rng(42);
       std::vector<int32_t> prompt(o.prompt_tokens);
@@ -114,7 +151,7 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
         // A shared machine's bandwidth moves by tens of percent from one minute to the next,
         // so each decode run is set against the bandwidth measured just before and just after
         // it, and the figures are the medians over the runs.
-        std::vector<double> prefill, decode, limit, fraction, of_fastest;
+        std::vector<double> prefill, decode, limit, fraction, of_fastest, gemv, gemv_fraction;
         ReadBandwidth::Rate before = bandwidth.measure(threads, kProbePasses);
         for (int run = 0; run < o.runs; ++run) {
           const Speeds tiled = speeds(engine::complete(engine, r).stats);
@@ -126,16 +163,21 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
           limit.push_back(around);
           fraction.push_back(decode_gbs / around);
           of_fastest.push_back(decode_gbs / ((before.fastest + after.fastest) / 2.0));
+          // The product alone, between this run's probe after and the next run's decode.
+          const double gemv_gbs = product.measure(threads, kProbePasses);
+          gemv.push_back(gemv_gbs);
+          gemv_fraction.push_back(gemv_gbs / after.sustained);
           before = after;
         }
         const double decode_tps = quantile(decode, 0.5);
         out << fmt::format(
             "{:<16} {:<5} {:>7} {:>10} {:>12.1f} {:>7.2f}x {:>11.1f} {:>7.2f}x {:>12.1f} "
-            "{:>11.1f} {:>9.2f} {:>8.2f}\n",
+            "{:>11.1f} {:>9.2f} {:>8.2f} {:>10.1f} {:>9.2f}\n",
             preset, dtype_name(dtype), threads, format_bytes(model->weight_bytes()),
             quantile(prefill, 0.5), quantile(prefill, 0.5) / untiled.prefill, decode_tps,
             decode_tps / untiled.decode, model->bytes_read_per_token() * decode_tps / 1e9,
-            quantile(limit, 0.5), quantile(fraction, 0.5), quantile(of_fastest, 0.5));
+            quantile(limit, 0.5), quantile(fraction, 0.5), quantile(of_fastest, 0.5),
+            quantile(gemv, 0.5), quantile(gemv_fraction, 0.5));
         out.flush();
       }
     }
@@ -150,8 +192,13 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
       "decode tokens/s is), measured just before and just after each decode run; of limit = "
       "weight bytes read per decoded token x decode tokens/s / that run's limit; of best = the "
       "same over the fastest pass of each measurement (this bench's limit before); every figure "
-      "the median of {} runs\n",
-      format_bytes(o.bandwidth_bytes), kProbePasses, o.runs);
+      "the median of {} runs; GEMV GB/s = the weight type's matrix product alone, one "
+      "activation row against a matrix as large as that array (rows of the model's width), split "
+      "over the threads as the engine splits a product, {} passes after each run's second "
+      "bandwidth measurement; GEMV of = that over the measurement just before it: the kernel's "
+      "own streaming against the limit, where of limit adds what a decode step spends between "
+      "and beside its products\n",
+      format_bytes(o.bandwidth_bytes), kProbePasses, o.runs, kProbePasses);
 }
 
 }  // namespace kvc::bench

@@ -9,6 +9,7 @@
 
 #include "base/dtype.h"
 #include "base/huge_page_memory.h"
+#include "base/matmul.h"
 #include "model/gguf.h"
 
 namespace kvc::bench {
@@ -45,6 +46,26 @@ class ReadBandwidth {
   // The same memory as the weights (huge pages), so that both stream alike.
   HugePageMemory memory_;
   uint64_t* words() { return reinterpret_cast<uint64_t*>(memory_.data()); }
+};
+
+// The matrix product decode runs, alone: one activation row against a weight matrix as large
+// as the bandwidth array, split over the threads as the engine splits a product, so that the
+// kernel's own streaming rate stands beside the limit and the model's: what a decode step loses
+// between its products (and to attention) against what the kernel loses to the memory.
+class ProductBandwidth {
+ public:
+  // Allocates rows of in_dim values of dtype, about `bytes` of them, filled with valid weights.
+  ProductBandwidth(DType dtype, size_t in_dim, size_t bytes);
+  // GB/s of `passes` products over the whole matrix on `threads` threads: all the bytes over all
+  // the time, as ReadBandwidth's sustained rate.
+  double measure(int threads, int passes);
+
+ private:
+  HugePageMemory memory_;
+  WeightView weights_;
+  std::vector<float> x_;
+  std::vector<float> y_;
+  std::vector<uint8_t> scratch_;
 };
 
 // Runs every (preset, dtype, threads) combination and prints a table to out.

@@ -207,10 +207,17 @@ TEST(Cli, BenchReportsDecodeAgainstBandwidth) {
   // The limit is the probe's sustained rate, so a fraction of it is at least the fraction of
   // its fastest pass (the last two columns).
   std::istringstream row(r.out.substr(r.out.find("\ntiny ") + 1));
-  std::vector<std::string> cells(12);
+  std::vector<std::string> cells(14);
   for (auto& c : cells) row >> c;
   EXPECT_GE(std::stod(cells[10]), std::stod(cells[11])) << r.out;
   EXPECT_GT(std::stod(cells[11]), 0.0) << r.out;
+  // The product alone beside them: its GB/s, and that over the limit measured just before it.
+  EXPECT_THAT(r.out, HasSubstr("GEMV GB/s = the weight type's matrix product alone"));
+  EXPECT_GT(std::stod(cells[12]), 0.0) << r.out;
+  EXPECT_GT(std::stod(cells[13]), 0.0) << r.out;
+  EXPECT_NEAR(std::stod(cells[13]), std::stod(cells[12]) / std::stod(cells[9]),
+              std::stod(cells[13]))
+      << r.out;
   const Result none = kvcache("bench --models tiny --dtypes q8_0 --threads 1 -r 0");
   EXPECT_EQ(none.status, 1);
   EXPECT_THAT(none.err, HasSubstr("-r must be at least 1"));
