@@ -145,9 +145,13 @@ void gemm_tiled(const void* w, size_t w_stride, size_t n_w, const void* x, size_
   size_t chunk = kGemmChunkBytes / w_stride / K::kCols * K::kCols;
   if (chunk < static_cast<size_t>(K::kCols)) chunk = K::kCols;
   const size_t passes = (n_x + K::kRows - 1) / K::kRows;
+  // Only chunks that later passes read again from the cache request the next one: one pass
+  // (decode's few rows) reads each weight row once, in address order, where the hardware
+  // prefetchers stay ahead by themselves and requests would only repeat theirs.
+  const bool request_next = passes > 1;
   for (size_t c0 = 0; c0 < n_w; c0 += chunk) {
     const size_t c1 = n_w - c0 < chunk ? n_w : c0 + chunk;
-    const NextChunk next = {c1 < n_w ? wb + c1 * w_stride : nullptr,
+    const NextChunk next = {c1 < n_w && request_next ? wb + c1 * w_stride : nullptr,
                             (n_w - c1 < chunk ? n_w - c1 : chunk) * w_stride,
                             passes * ((c1 - c0 + K::kCols - 1) / K::kCols)};
     size_t r = 0;
