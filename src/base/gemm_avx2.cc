@@ -34,6 +34,12 @@ inline __m256i dot_u8s8(__m256i u, __m256i x) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
 }
 
+// The tiles load unpacked bytes 32 at a time.
+inline void store_q_pair(uint8_t* q, __m256i lo, __m256i hi) {
+  _mm256_store_si256(reinterpret_cast<__m256i*>(q), lo);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(q + 32), hi);
+}
+
 #include "base/gemm_unpacked.h"
 
 template <class T>

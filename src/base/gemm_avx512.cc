@@ -33,6 +33,12 @@ inline __m256i dot_u8s8(__m256i u, __m256i x) {
   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
 }
 
+// The K tiles load unpacked bytes 64 at a time (UnpackedTile 32 at a time, but only from
+// blocks of 32 bytes).
+inline void store_q_pair(uint8_t* q, __m256i lo, __m256i hi) {
+  _mm512_store_si512(q, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+}
+
 #include "base/gemm_unpacked.h"
 
 inline __mmask16 tail_mask(size_t count) {
@@ -552,7 +558,7 @@ struct KQuantTile512 {
         if constexpr (kDirect) {
           Direct512<U>::scales(*blocks[j], &scales[j], &offsets[j]);
         } else {
-          U::unpack(*blocks[j], up[j]);
+          unpack_block(static_cast<const U*>(nullptr), *blocks[j], up[j]);
           scales[j] = _mm512_mul_ps(_mm512_set1_ps(up[j].d), widen_i16(up[j].scale));
           offsets[j] = _mm512_mul_ps(_mm512_set1_ps(up[j].offset_unit), widen_i16(up[j].offset));
         }

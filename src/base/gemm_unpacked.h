@@ -5,7 +5,9 @@
 // Included by each gemm_*.cc after its target pragma, inside an anonymous namespace, after
 // simd_reduce.h, gemm_tiles.h and quant_unpack.h, and after the file's own
 // dot_u8s8(u, x): the int32 sums of four consecutive unsigned x signed byte products, lane l
-// covering bytes 4l..4l+3 (vpdpbusd, or maddubs + madd where q < 64 keeps pairs below 2^15).
+// covering bytes 4l..4l+3 (vpdpbusd, or maddubs + madd where q < 64 keeps pairs below 2^15),
+// and store_q_pair(q, lo, hi): 64 unpacked bytes stored as the file's tiles load them (one
+// store per load, so that each load takes its bytes straight from the store).
 // It includes nothing itself.
 //
 // Each weight block is unpacked once per tile into bytes, scales and offsets; per 32 elements
@@ -27,12 +29,12 @@ inline __m256 half_lanes(float lo, float hi) {
   return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(lo)), _mm_set1_ps(hi), 1);
 }
 
-// U::unpack's bytes, scales and offsets. The 32-element types take vector instructions here:
-// their scalar unpacking (a shift, a mask and an or per element, scales through a software
-// f16 conversion) cost about 30 times a block's products (one thread, q5_0 rows of 768 against
-// one activation row: 0.9 GB/s of weights).
-template <class U>
-inline void unpack_block(const U*, const typename U::Block& b, Unpacked<U::kUnit>& out) {
+// U::unpack's bytes, scales and offsets. The 32-element types, q2_K and q3_K take vector
+// instructions here: their scalar unpacking (a shift, a mask and an or per element, scales
+// through a software f16 conversion) cost 5-30 times a block's products (one thread, rows of
+// 768 against one activation row: q5_0 0.9 GB/s of weights, q2_K and q3_K 2.4).
+template <class U, class Out>
+inline void unpack_block(const U*, const typename U::Block& b, Out& out) {
   U::unpack(b, out);
 }
 
@@ -72,6 +74,66 @@ inline void unpack_block(const UnpackQ5_1*, const BlockQ5_1& b, Unpacked<32>& ou
   _mm256_store_si256(reinterpret_cast<__m256i*>(out.q),
                      _mm256_or_si256(unpack_nibbles(b.qs), unpack_fifth_bits(b.qh)));
   set_subblocks(out, half(b.d), half(b.m));
+}
+
+// Bits 2j and 2j + 1 of each byte of v (j < 4; 16-bit shifts keep them in their byte).
+inline __m256i two_bits(__m256i v, int j) {
+  return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * j)), _mm256_set1_epi8(3));
+}
+
+// 4 where bit k of a byte of v is set, else 0 (q3_K's third bit, from its hmask).
+inline __m256i third_bit(__m256i v, int k) {
+  const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << k));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(4));
+}
+
+inline void unpack_block(const UnpackQ2_K*, const BlockQ2_K& b, UnpackedK& out) {
+  // Element 128 h + 32 j + l is bits 2j of qs[32 h + l].
+  for (int h = 0; h < 2; ++h) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * h));
+    for (int j = 0; j < 4; j += 2) {
+      store_q_pair(out.q + 128 * h + 32 * j, two_bits(v, j), two_bits(v, j + 1));
+    }
+  }
+  const __m256i scales =
+      _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out.scale),
+                     _mm256_and_si256(scales, _mm256_set1_epi16(0x0f)));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out.offset), _mm256_srli_epi16(scales, 4));
+  out.d = half(b.d);
+  out.offset_unit = -half(b.dmin);
+}
+
+inline void unpack_block(const UnpackQ3_K*, const BlockQ3_K& b, UnpackedK& out) {
+  // q2_K's two bits, and the third (worth 4) of element 128 h + 32 j + l in bit 4 h + j of
+  // hmask[l].
+  const __m256i hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.hmask));
+  for (int h = 0; h < 2; ++h) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * h));
+    for (int j = 0; j < 4; j += 2) {
+      store_q_pair(out.q + 128 * h + 32 * j,
+                   _mm256_or_si256(two_bits(v, j), third_bit(hmask, 4 * h + j)),
+                   _mm256_or_si256(two_bits(v, j + 1), third_bit(hmask, 4 * h + j + 1)));
+    }
+  }
+  // k3_scale for k = 0..15 at once: the low four bits are the nibbles of bytes 0-7 (low
+  // nibbles for k < 8), the top two bits 2 (k / 4) of byte 8 + k % 4.
+  uint64_t nibbles;
+  __builtin_memcpy(&nibbles, b.scales, 8);
+  const uint32_t tops = load_u32_le(b.scales + 8);
+  constexpr uint64_t kLow4 = 0x0f0f0f0f0f0f0f0full;
+  constexpr uint32_t kLow2 = 0x03030303u;
+  const __m128i low = _mm_set_epi64x(static_cast<int64_t>((nibbles >> 4) & kLow4),
+                                     static_cast<int64_t>(nibbles & kLow4));
+  const __m128i high =
+      _mm_set_epi32(static_cast<int>((tops >> 6) & kLow2), static_cast<int>((tops >> 4) & kLow2),
+                    static_cast<int>((tops >> 2) & kLow2), static_cast<int>(tops & kLow2));
+  const __m256i scale = _mm256_sub_epi16(
+      _mm256_cvtepu8_epi16(_mm_or_si128(low, _mm_slli_epi16(high, 4))), _mm256_set1_epi16(32));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out.scale), scale);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out.offset),
+                     _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(scale, 2)));
+  out.d = out.offset_unit = half(b.d);
 }
 
 template <class U, int Rows, int Cols>
@@ -313,7 +375,7 @@ struct KQuantTile256 {
         if constexpr (kDirect) {
           Direct256<U>::scales(*blocks[j], scales[j], offsets[j]);
         } else {
-          U::unpack(*blocks[j], up[j]);
+          unpack_block(static_cast<const U*>(nullptr), *blocks[j], up[j]);
           widen_i16_halves(up[j].scale, &scales[j][0], &scales[j][1]);
           widen_i16_halves(up[j].offset, &offsets[j][0], &offsets[j][1]);
           const __m256 d = _mm256_set1_ps(up[j].d), unit = _mm256_set1_ps(up[j].offset_unit);

@@ -2,6 +2,7 @@
 // instruction set, for every weight type, tile shape and remainder.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <random>
@@ -266,6 +267,43 @@ TEST_P(GemmTest, RandomBlockBytesEqualTheSingleRowDot) {
         }
       }
       expect_extreme_activations_equal_the_single_row_dot(ops, rng);
+    }
+  }
+}
+
+// Every bit pattern a file may hold, against a double-precision dot of the rows as
+// dequantize_row writes them (its own scalar unpacking, not the kernels'): each product of the
+// kernels' block unpacking (vector instructions for several types) is checked value by value,
+// where the test above checks only that tiles and single rows agree. Tolerance as in
+// Kernels.DotMatchesReferenceOnEveryIsa.
+TEST_P(GemmTest, RandomBlockBytesMatchTheDequantizedRows) {
+  for (DType wt : kWeightTypes) {
+    if (f16_fields(wt).empty()) continue;
+    const size_t n = block_elements(wt) == 256 ? 768 : 160;
+    Operands ops(wt, n, 6, 2, 17);
+    std::mt19937 rng(23);
+    for (uint8_t& b : ops.w) b = static_cast<uint8_t>(rng());
+    std::uniform_real_distribution<float> scale(-0.1f, 0.1f);
+    for (size_t b = 0; b < ops.w.size() / block_bytes(wt); ++b) {
+      for (size_t offset : f16_fields(wt)) {
+        const uint16_t h = f32_to_f16(scale(rng));
+        std::memcpy(&ops.w[b * block_bytes(wt) + offset], &h, sizeof h);
+      }
+    }
+    const std::vector<float> y = ops.gemm();
+    std::vector<float> wf(n), xf(n);
+    for (size_t r = 0; r < ops.n_x; ++r) {
+      dequantize_row(kernels::activation_type(wt), &ops.x[r * ops.x_stride], xf.data(), n);
+      for (size_t c = 0; c < ops.n_w; ++c) {
+        dequantize_row(wt, &ops.w[c * ops.w_stride], wf.data(), n);
+        double want = 0.0, magnitude = 0.0;
+        for (size_t i = 0; i < n; ++i) {
+          want += static_cast<double>(wf[i]) * xf[i];
+          magnitude += std::fabs(static_cast<double>(wf[i]) * xf[i]);
+        }
+        EXPECT_NEAR(y[r * ops.n_w + c], want, 4.0 * n * std::ldexp(1.0, -24) * magnitude + 1e-6)
+            << describe(wt, n, ops.n_w, ops.n_x, r, c);
+      }
     }
   }
 }
