@@ -33,8 +33,7 @@ inline __m256i dot_u8s8(__m256i u, __m256i x) {
   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
 }
 
-// The K tiles load unpacked bytes 64 at a time (UnpackedTile 32 at a time, but only from
-// blocks of 32 bytes).
+// The K tiles load unpacked bytes 64 at a time.
 inline void store_q_pair(uint8_t* q, __m256i lo, __m256i hi) {
   _mm512_store_si512(q, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
 }
