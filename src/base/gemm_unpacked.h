@@ -63,16 +63,21 @@ inline void unpack_block(const UnpackQ4_1*, const BlockQ4_1& b, Unpacked<32>& ou
   set_subblocks(out, half(b.d), half(b.m));
 }
 
-inline void unpack_block(const UnpackQ5_0*, const BlockQ5_0& b, Unpacked<32>& out) {
+// unpack_five_bits: a q5 block's 32 values, its nibbles with their fifth bits.
+template <class B>
+inline void unpack_five_bits_vector(const B& b, Unpacked<32>& out) {
   _mm256_store_si256(reinterpret_cast<__m256i*>(out.q),
                      _mm256_or_si256(unpack_nibbles(b.qs), unpack_fifth_bits(b.qh)));
+}
+
+inline void unpack_block(const UnpackQ5_0*, const BlockQ5_0& b, Unpacked<32>& out) {
+  unpack_five_bits_vector(b, out);
   const float d = half(b.d);
   set_subblocks(out, d, -16.0f * d);
 }
 
 inline void unpack_block(const UnpackQ5_1*, const BlockQ5_1& b, Unpacked<32>& out) {
-  _mm256_store_si256(reinterpret_cast<__m256i*>(out.q),
-                     _mm256_or_si256(unpack_nibbles(b.qs), unpack_fifth_bits(b.qh)));
+  unpack_five_bits_vector(b, out);
   set_subblocks(out, half(b.d), half(b.m));
 }
 
