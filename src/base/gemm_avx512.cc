@@ -206,6 +206,7 @@ inline __m256i load256(const void* p) {
 struct Q8Weights {
   using Block = BlockQ8_0;
   static constexpr int kBiasShift = 7;  // u = w + 128
+  static constexpr bool kNarrowUnsigned = false;
   static __m256i values(const Block& b) { return load256(b.qs); }
   // The 64 values of a pair of blocks plus 128, as unsigned bytes.
   static __m512i pair_unsigned(const Block& b0, const Block& b1) {
@@ -224,14 +225,14 @@ inline __m256i nibbles(const uint8_t* qs) {
 }
 
 // The 64 nibbles of a pair of q4_0-packed blocks in element order (first block's low then
-// high nibbles).
+// high nibbles): each block's 16 bytes in both 128-bit lanes of its half, every second lane
+// shifted down a nibble, so that only loads and two operations unpack them.
 inline __m512i nibble_pair(const uint8_t* qs0, const uint8_t* qs1) {
-  const __m256i both = _mm256_inserti128_si256(
-      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs0))),
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs1)), 1);
-  const __m512i halves =
-      _mm512_inserti64x4(_mm512_castsi256_si512(both), _mm256_srli_epi16(both, 4), 1);
-  return _mm512_and_si512(_mm512_shuffle_i64x2(halves, halves, _MM_SHUFFLE(3, 1, 2, 0)),
+  const __m512i both = _mm512_inserti64x4(
+      _mm512_castsi256_si512(
+          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs0)))),
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs1))), 1);
+  return _mm512_and_si512(_mm512_srlv_epi64(both, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0)),
                           _mm512_set1_epi8(0x0f));
 }
 
@@ -240,6 +241,9 @@ inline __m512i nibble_pair(const uint8_t* qs0, const uint8_t* qs1) {
 struct Q4Weights {
   using Block = BlockQ4_0;
   static constexpr int kBiasShift = 3;  // u = w + 8, the nibble
+  // narrow_column multiplies the nibbles and takes 8 sum(x) by a second dpbusd, where moving
+  // each sign onto its activation would cost more operations than the nibbles' unpacking.
+  static constexpr bool kNarrowUnsigned = true;
   static __m256i values(const Block& b) {
     return _mm256_sub_epi8(nibbles(b.qs), _mm256_set1_epi8(8));
   }
@@ -256,6 +260,7 @@ struct Q4Weights {
 struct IQ4NLWeights {
   using Block = BlockIQ4_NL;
   static constexpr int kBiasShift = 7;  // u = w + 128
+  static constexpr bool kNarrowUnsigned = false;
   static __m128i levels() {
     return _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues));
   }
@@ -390,11 +395,12 @@ struct IntTile {
   }
 
   // narrow_prepare()'s rows against one weight row. Each weight's sign moves onto its
-  // activation, |w| * +-x, so dpbusd needs no bias and its int32 sums, exact, are the tile's;
-  // the two blocks' scale products are formed in one 128-bit multiply and spread over their
-  // halves (the same products as the tile's 512-bit one): every bit after the sums is the
-  // tile's too. (Activations are quantised to [-127, 127], so negating one never overflows;
-  // |-128| is 128 as dpbusd's unsigned operand.)
+  // activation, |w| * +-x, so dpbusd needs no bias, or (kNarrowUnsigned) the unsigned weights
+  // meet the activations as they are and a second dpbusd gives the bias's sum; either way the
+  // int32 sums, exact, are the tile's. The two blocks' scale products are formed in one 128-bit
+  // multiply and spread over their halves (the same products as the tile's 512-bit one): every
+  // bit after the sums is the tile's too. (Activations are quantised to [-127, 127], so
+  // negating one never overflows; |-128| is 128 as dpbusd's unsigned operand.)
   template <int MR>
   static void narrow_column(const uint8_t* w, const uint8_t* const (&x)[MR], size_t n, float* y,
                             size_t ys) {
@@ -405,19 +411,32 @@ struct IntTile {
     const size_t blocks = n / 32;
     // Lanes 0-7 take element 0 (the first block's scale), lanes 8-15 element 1.
     const __m512i halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i bias = _mm512_set1_epi8(static_cast<char>(1 << W::kBiasShift));
     __m512 acc[MR][1];
     for (int r = 0; r < MR; ++r) acc[r][0] = _mm512_setzero_ps();
     size_t i = 0;
     for (; i + 2 <= blocks; i += 2) {
-      const __m512i wv = W::pair_signed(a[i], a[i + 1]);
-      const __mmask64 negative = _mm512_movepi8_mask(wv);
-      const __m512i magnitude = _mm512_abs_epi8(wv);
+      __m512i wq;
+      __mmask64 negative = 0;
+      if constexpr (W::kNarrowUnsigned) {
+        wq = W::pair_unsigned(a[i], a[i + 1]);
+      } else {
+        const __m512i wv = W::pair_signed(a[i], a[i + 1]);
+        negative = _mm512_movepi8_mask(wv);
+        wq = _mm512_abs_epi8(wv);
+      }
       const __m128 dw = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(a[i].d), a[i + 1].d, 1));
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) {
         const __m512i xq = _mm512_load_si512(xv[r] + 32 * i);
-        const __m512i signed_x = _mm512_mask_sub_epi8(xq, negative, _mm512_setzero_si512(), xq);
-        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), magnitude, signed_x);
+        __m512i dot;
+        if constexpr (W::kNarrowUnsigned) {
+          dot = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xq),
+                                 _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, xq));
+        } else {
+          const __m512i signed_x = _mm512_mask_sub_epi8(xq, negative, _mm512_setzero_si512(), xq);
+          dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, signed_x);
+        }
         const __m128 dx = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(xd[r] + i)));
         const __m512 d = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_mul_ps(dw, dx)));
         acc[r][0] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot), acc[r][0]);
@@ -463,11 +482,31 @@ inline void k4_scales512(const B& b, __m512* scale, __m512* offset) {
   *offset = _mm512_mul_ps(_mm512_set1_ps(-half(b.dmin)), widen_u8_pairs(mn[0], mn[1]));
 }
 
-// Pair p of q4_K or q5_K: the 32 bytes qs[32p..], their low nibbles then their high nibbles.
+// Pair p of q4_K or q5_K: the 32 bytes qs[32p..] in both halves, the second shifted down a
+// nibble: their low nibbles then their high nibbles.
 inline __m512i k4_pair_nibbles(const uint8_t* qs, int p) {
-  const __m256i x = load256(qs + 32 * p);
-  const __m256i m = _mm256_set1_epi8(0x0f);
-  return join(_mm256_and_si256(x, m), _mm256_and_si256(_mm256_srli_epi16(x, 4), m));
+  const __m512i both = _mm512_broadcast_i64x4(load256(qs + 32 * p));
+  return _mm512_and_si512(_mm512_srlv_epi64(both, _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0)),
+                          _mm512_set1_epi8(0x0f));
+}
+
+// The 32 bytes at p in both halves, each byte's bit `lo` (first half) and `hi` (second half,
+// both on the same side of bit 4) moved to bit 4, and the next bit of each to bit 5; other
+// bits are left as they fall. A 64-bit shift suffices: no bit that lands on 4 or 5 crosses a
+// byte.
+inline __m512i bits_to_four(const uint8_t* p, int lo, int hi) {
+  const __m512i both = _mm512_broadcast_i64x4(load256(p));
+  if (hi <= 4) {
+    return _mm512_sllv_epi64(
+        both, _mm512_set_epi64(4 - hi, 4 - hi, 4 - hi, 4 - hi, 4 - lo, 4 - lo, 4 - lo, 4 - lo));
+  }
+  return _mm512_srlv_epi64(
+      both, _mm512_set_epi64(hi - 4, hi - 4, hi - 4, hi - 4, lo - 4, lo - 4, lo - 4, lo - 4));
+}
+
+// low | (high & mask) in one operation.
+inline __m512i or_masked(__m512i low, __m512i high, int mask) {
+  return _mm512_ternarylogic_epi32(low, high, _mm512_set1_epi8(static_cast<char>(mask)), 0xf8);
 }
 
 template <>
@@ -484,11 +523,7 @@ struct Direct512<UnpackQ5_K> {
   static constexpr bool kAvailable = true;
   // q4_K's nibbles plus bits 2p (first 32) and 2p + 1 (second 32) of qh[l] as bit 4.
   static __m512i pair(const BlockQ5_K& b, int p) {
-    const __m256i top = load256(b.qh);
-    const __m256i one = _mm256_set1_epi8(0x01);
-    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(top, _mm_cvtsi32_si128(2 * p)), one);
-    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(top, _mm_cvtsi32_si128(2 * p + 1)), one);
-    return _mm512_or_si512(k4_pair_nibbles(b.qs, p), _mm512_slli_epi16(join(lo, hi), 4));
+    return or_masked(k4_pair_nibbles(b.qs, p), bits_to_four(b.qh, 2 * p, 2 * p + 1), 0x10);
   }
   static void scales(const BlockQ5_K& b, __m512* scale, __m512* offset) {
     k4_scales512(b, scale, offset);
@@ -499,20 +534,13 @@ template <>
 struct Direct512<UnpackQ6_K> {
   static constexpr bool kAvailable = true;
   // Pair p holds quarters 2 (p % 2) and 2 (p % 2) + 1 of half p / 2: low nibbles (high ones for
-  // odd p) of ql's two 32-byte rows, top two bits from qh.
+  // odd p) of ql's two 32-byte rows, top two bits from qh (bits 4 (p % 2) and 4 (p % 2) + 2).
   static __m512i pair(const BlockQ6_K& b, int p) {
-    const int h = p / 2, q = 2 * (p % 2);
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
-    const __m128i nibble = _mm_cvtsi32_si128(4 * (p % 2));
-    const __m256i low_a = _mm256_and_si256(_mm256_srl_epi16(load256(b.ql + 64 * h), nibble), m4);
-    const __m256i low_b =
-        _mm256_and_si256(_mm256_srl_epi16(load256(b.ql + 64 * h + 32), nibble), m4);
-    const __m256i top = load256(b.qh + 32 * h);
-    const __m256i high_a =
-        _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(top, _mm_cvtsi32_si128(2 * q)), m2), 4);
-    const __m256i high_b = _mm256_slli_epi16(
-        _mm256_and_si256(_mm256_srl_epi16(top, _mm_cvtsi32_si128(2 * q + 2)), m2), 4);
-    return join(_mm256_or_si256(low_a, high_a), _mm256_or_si256(low_b, high_b));
+    const int h = p / 2, q = 4 * (p % 2);
+    const __m512i low = _mm512_and_si512(
+        _mm512_srli_epi16(_mm512_loadu_si512(b.ql + 64 * h), static_cast<unsigned>(q)),
+        _mm512_set1_epi8(0x0f));
+    return or_masked(low, bits_to_four(b.qh + 32 * h, q, q + 2), 0x30);
   }
   static void scales(const BlockQ6_K& b, __m512* scale, __m512* offset) {
     const __m512 sc = _mm512_cvtepi32_ps(
@@ -523,10 +551,13 @@ struct Direct512<UnpackQ6_K> {
   }
 };
 
-// K-quant weights (256-element super-blocks) in 512-bit steps: per pair of groups and output,
-// acc += (w_scale * x_scale) * dpbusd(q, x) over 16 lanes, each lane's weight scale taken by
-// one permute from the super-block's 16; the offsets join once per super-block through the
-// 16 sums. The same operations for every output whatever the tile's shape.
+// K-quant weights (256-element super-blocks) in 512-bit steps: per super-block and output, a
+// partial sum starts from the offsets (the 16 scaled offsets against the activations' 16 sums)
+// and takes (w_scale * x_scale) * dpbusd(q, x) for each pair of groups over 16 lanes, each
+// lane's weight scale taken by one permute from the super-block's 16; the partial then joins
+// the output's sum. So the chain carried from one super-block to the next is one addition, not
+// five dependent multiply-adds, which bound decode's one weight row at a time. The same
+// operations for every output whatever the tile's shape.
 template <class U, int Rows, int Cols>
 struct KQuantTile512 {
   static_assert(U::kUnit == 256);
@@ -547,56 +578,44 @@ struct KQuantTile512 {
     __m512 acc[MR][NR];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_setzero_ps();
-    constexpr bool kDirect = Direct512<U>::kAvailable;
-    UnpackedK up[kDirect ? 1 : NR];
     for (size_t s = 0; s < n / 256; ++s) {
-      __m512 scales[NR], offsets[NR];
-      const Block* blocks[NR];
-      for (int j = 0; j < NR; ++j) {
-        blocks[j] = reinterpret_cast<const Block*>(w + j * ws) + s;
-        if constexpr (kDirect) {
-          Direct512<U>::scales(*blocks[j], &scales[j], &offsets[j]);
-        } else {
-          unpack_block(static_cast<const U*>(nullptr), *blocks[j], up[j]);
-          scales[j] = _mm512_mul_ps(_mm512_set1_ps(up[j].d), widen_i16(up[j].scale));
-          offsets[j] = _mm512_mul_ps(_mm512_set1_ps(up[j].offset_unit), widen_i16(up[j].offset));
-        }
-      }
-#pragma GCC unroll 4
-      for (int p = 0; p < 4; ++p) {
-        // Lane l of a pair covers elements 64p + 4l..64p + 4l + 3: sub-block 4p + l / 4.
-        const __m512i sub =
-            _mm512_add_epi32(_mm512_set1_epi32(4 * p),
-                             _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0));
-        __m512i wq[NR];
-        __m512 wscale[NR];
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) {
-          if constexpr (kDirect) {
-            wq[j] = Direct512<U>::pair(*blocks[j], p);
-          } else {
-            wq[j] = _mm512_load_si512(up[j].q + 64 * p);
-          }
-          wscale[j] = _mm512_permutexvar_ps(sub, scales[j]);
+      for (int j = 0; j < NR; ++j) {
+        const Block& block = reinterpret_cast<const Block*>(w + j * ws)[s];
+        __m512 scales, offsets;
+        __m512i wq[4];
+        if constexpr (Direct512<U>::kAvailable) {
+          Direct512<U>::scales(block, &scales, &offsets);
+          for (int p = 0; p < 4; ++p) wq[p] = Direct512<U>::pair(block, p);
+        } else {
+          UnpackedK up;
+          unpack_block(static_cast<const U*>(nullptr), block, up);
+          scales = _mm512_mul_ps(_mm512_set1_ps(up.d), widen_i16(up.scale));
+          offsets = _mm512_mul_ps(_mm512_set1_ps(up.offset_unit), widen_i16(up.offset));
+          for (int p = 0; p < 4; ++p) wq[p] = _mm512_load_si512(up.q + 64 * p);
+        }
+        __m512 wscale[4];
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; ++p) {
+          // Lane l of a pair covers elements 64p + 4l..64p + 4l + 3: sub-block 4p + l / 4.
+          wscale[p] = _mm512_permutexvar_ps(
+              _mm512_add_epi32(_mm512_set1_epi32(4 * p),
+                               _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0)),
+              scales);
         }
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
-          const __m512i xv = _mm512_loadu_si512(b[r][s].x + 64 * p);
-          const __m512 dx = _mm512_loadu_ps(&b[r][s].scale[0][0] + 16 * p);  // groups 2p, 2p + 1
-#pragma GCC unroll 8
-          for (int j = 0; j < NR; ++j) {
+          const PreparedSuperBlock& px = b[r][s];
+          __m512 part = _mm512_mul_ps(offsets, _mm512_loadu_ps(px.sums));
+#pragma GCC unroll 4
+          for (int p = 0; p < 4; ++p) {
+            const __m512i xv = _mm512_loadu_si512(px.x + 64 * p);
+            const __m512 dx = _mm512_loadu_ps(&px.scale[0][0] + 16 * p);  // groups 2p, 2p + 1
             const __m512 dot =
-                _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[j], xv));
-            acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(wscale[j], dx), dot, acc[r][j]);
+                _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[p], xv));
+            part = _mm512_fmadd_ps(_mm512_mul_ps(wscale[p], dx), dot, part);
           }
-        }
-      }
-#pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) {
-        const __m512 sums = _mm512_loadu_ps(b[r][s].sums);
-#pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) {
-          acc[r][j] = _mm512_fmadd_ps(offsets[j], sums, acc[r][j]);
+          acc[r][j] = _mm512_add_ps(acc[r][j], part);
         }
       }
     }
