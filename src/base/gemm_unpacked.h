@@ -343,11 +343,13 @@ inline void widen_i16_halves(const int16_t* v, __m256* lo, __m256* hi) {
   *hi = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(all, 1)));
 }
 
-// K-quant weights (256-element super-blocks) over 256-bit vectors: per group of 32 and output,
-// acc += (w_scale * x_scale) * dot(q, x), each lane's weight scale taken by one permute from the
-// super-block's 16 scales (widened from integers once per super-block), and the offsets joined
-// once per super-block through the 16 sums. The same operations for every output whatever the
-// tile's shape.
+// K-quant weights (256-element super-blocks) over 256-bit vectors: per super-block and output, a
+// partial sum starts from the offsets (joined through the activations' 16 sums) and takes
+// (w_scale * x_scale) * dot(q, x) for each group of 32, each lane's weight scale taken by one
+// permute from the super-block's 16 scales (widened from integers once per super-block); the
+// partial then joins the output's sum, so that the chain carried from one super-block to the
+// next is one addition, not ten dependent multiply-adds, which bound decode's one weight row at
+// a time. The same operations for every output whatever the tile's shape.
 template <class U, int Rows, int Cols>
 struct KQuantTile256 {
   static_assert(U::kUnit == 256);
@@ -370,61 +372,53 @@ struct KQuantTile256 {
     __m256 acc[MR][NR];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_setzero_ps();
-    constexpr bool kDirect = Direct256<U>::kAvailable;
-    UnpackedK up[kDirect ? 1 : NR];
     for (size_t s = 0; s < n / 256; ++s) {
-      __m256 scales[NR][2], offsets[NR][2];
-      const Block* blocks[NR];
+#pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
-        blocks[j] = reinterpret_cast<const Block*>(w + j * ws) + s;
-        if constexpr (kDirect) {
-          Direct256<U>::scales(*blocks[j], scales[j], offsets[j]);
+        const Block& block = reinterpret_cast<const Block*>(w + j * ws)[s];
+        __m256 scales[2], offsets[2];
+        UnpackedK up;
+        if constexpr (Direct256<U>::kAvailable) {
+          Direct256<U>::scales(block, scales, offsets);
         } else {
-          unpack_block(static_cast<const U*>(nullptr), *blocks[j], up[j]);
-          widen_i16_halves(up[j].scale, &scales[j][0], &scales[j][1]);
-          widen_i16_halves(up[j].offset, &offsets[j][0], &offsets[j][1]);
-          const __m256 d = _mm256_set1_ps(up[j].d), unit = _mm256_set1_ps(up[j].offset_unit);
+          unpack_block(static_cast<const U*>(nullptr), block, up);
+          widen_i16_halves(up.scale, &scales[0], &scales[1]);
+          widen_i16_halves(up.offset, &offsets[0], &offsets[1]);
+          const __m256 d = _mm256_set1_ps(up.d), unit = _mm256_set1_ps(up.offset_unit);
           for (int i = 0; i < 2; ++i) {
-            scales[j][i] = _mm256_mul_ps(d, scales[j][i]);
-            offsets[j][i] = _mm256_mul_ps(unit, offsets[j][i]);
+            scales[i] = _mm256_mul_ps(d, scales[i]);
+            offsets[i] = _mm256_mul_ps(unit, offsets[i]);
           }
         }
-      }
-      for (int g = 0; g < 8; ++g) {
-        // Lane l of group g covers elements 32g + 4l..32g + 4l + 3: sub-block 2g + l / 4,
-        // found in the half of the 16 scales that holds sub-blocks 8 (g / 4) on.
-        const __m256i sub = _mm256_add_epi32(_mm256_set1_epi32(2 * (g % 4)),
-                                             _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0));
-        __m256i wq[NR];
-        __m256 wscale[NR];
+        __m256 part[MR];
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) {
-          if constexpr (kDirect) {
-            wq[j] = Direct256<U>::group(*blocks[j], g);
+        for (int r = 0; r < MR; ++r) {
+          part[r] = _mm256_fmadd_ps(offsets[1], _mm256_loadu_ps(b[r][s].sums + 8),
+                                    _mm256_mul_ps(offsets[0], _mm256_loadu_ps(b[r][s].sums)));
+        }
+        for (int g = 0; g < 8; ++g) {
+          // Lane l of group g covers elements 32g + 4l..32g + 4l + 3: sub-block 2g + l / 4,
+          // found in the half of the 16 scales that holds sub-blocks 8 (g / 4) on.
+          const __m256i sub = _mm256_add_epi32(_mm256_set1_epi32(2 * (g % 4)),
+                                               _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0));
+          __m256i wq;
+          if constexpr (Direct256<U>::kAvailable) {
+            wq = Direct256<U>::group(block, g);
           } else {
-            wq[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(up[j].q + 32 * g));
+            wq = _mm256_load_si256(reinterpret_cast<const __m256i*>(up.q + 32 * g));
           }
-          wscale[j] = _mm256_permutevar8x32_ps(scales[j][g / 4], sub);
-        }
+          const __m256 wscale = _mm256_permutevar8x32_ps(scales[g / 4], sub);
 #pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-          const __m256i xv =
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[r][s].x + 32 * g));
-          const __m256 dx = _mm256_loadu_ps(b[r][s].scale[g]);
-#pragma GCC unroll 8
-          for (int j = 0; j < NR; ++j) {
-            const __m256 dot = _mm256_cvtepi32_ps(dot_u8s8(wq[j], xv));
-            acc[r][j] = _mm256_fmadd_ps(_mm256_mul_ps(wscale[j], dx), dot, acc[r][j]);
+          for (int r = 0; r < MR; ++r) {
+            const __m256i xv =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[r][s].x + 32 * g));
+            const __m256 dx = _mm256_loadu_ps(b[r][s].scale[g]);
+            const __m256 dot = _mm256_cvtepi32_ps(dot_u8s8(wq, xv));
+            part[r] = _mm256_fmadd_ps(_mm256_mul_ps(wscale, dx), dot, part[r]);
           }
         }
-      }
 #pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j) {
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-          acc[r][j] = _mm256_fmadd_ps(offsets[j][0], _mm256_loadu_ps(b[r][s].sums), acc[r][j]);
-          acc[r][j] = _mm256_fmadd_ps(offsets[j][1], _mm256_loadu_ps(b[r][s].sums + 8), acc[r][j]);
-        }
+        for (int r = 0; r < MR; ++r) acc[r][j] = _mm256_add_ps(acc[r][j], part[r]);
       }
     }
     store_sums<MR, NR>(acc, y, ys);

@@ -134,7 +134,7 @@ size_t activation_row_bytes(DType w, size_t n) {
 // Raised whenever any kernel's results change bits (2: softmax's own exponential; 3: quantised
 // keys scored over their exact values, as f32 keys are; 4: AVX2's integer weight types summed
 // block by block across eight weight rows; 5: SwiGLU's gate through softmax's exponential; 6:
-// AVX-512's K-quant weights summed a super-block apart before joining a row's sum).
+// K-quant weights summed a super-block apart before joining a row's sum, AVX2 and AVX-512).
 constexpr int kArithmeticVersion = 6;
 
 std::string arithmetic_identity() {
