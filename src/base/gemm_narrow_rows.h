@@ -12,34 +12,45 @@
 // weights on 2 threads, interleaved: 1.2-1.4x).
 #pragma once
 
-// Rewrites n_x q8_0 rows of n values (x_stride bytes apart) into the per-thread scratch;
-// returns the first row, each on a cache line, and sets their stride.
+// Rewrites n_x q8_0 rows of n values (x_stride bytes apart) into the per-thread scratch, each
+// block's values sums as int32 after the scales where `block_sums` (for kernels that multiply
+// unsigned weights and take their bias through them); returns the first row, each on a cache
+// line, and sets their stride.
 inline const uint8_t* narrow_q8_0_rows(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
-                                       size_t* stride) {
+                                       size_t* stride, bool block_sums = false) {
   const size_t blocks = n / 32;
-  *stride = (n + blocks * sizeof(float) + 63) / 64 * 64;
+  *stride = (n + blocks * (sizeof(float) + (block_sums ? sizeof(int32_t) : 0)) + 63) / 64 * 64;
   uint8_t* out = gemm_scratch(*stride * n_x);
   for (size_t r = 0; r < n_x; ++r) {
     const auto* b = reinterpret_cast<const BlockQ8_0*>(x + r * x_stride);
     uint8_t* values = out + r * *stride;
     auto* scales = reinterpret_cast<float*>(values + n);
+    auto* sums = reinterpret_cast<int32_t*>(scales + blocks);
     for (size_t i = 0; i < blocks; ++i) {
       __builtin_memcpy(values + 32 * i, b[i].qs, 32);
       scales[i] = half(b[i].d);
+      if (block_sums) {
+        int32_t sum = 0;
+        for (int8_t v : b[i].qs) sum += v;
+        sums[i] = sum;
+      }
     }
   }
   return out;
 }
 
-// MR rewritten rows of n values seen as each row's values and its blocks' scales.
+// MR rewritten rows of n values seen as each row's values, its blocks' scales and (where
+// written) its blocks' sums.
 template <int MR>
 struct NarrowQ8_0Rows {
   const int8_t* values[MR];
   const float* scales[MR];
+  const int32_t* sums[MR];
   NarrowQ8_0Rows(const uint8_t* const (&rows)[MR], size_t n) {
     for (int r = 0; r < MR; ++r) {
       values[r] = reinterpret_cast<const int8_t*>(rows[r]);
       scales[r] = reinterpret_cast<const float*>(rows[r] + n);
+      sums[r] = reinterpret_cast<const int32_t*>(scales[r] + n / 32);
     }
   }
 };
