@@ -155,7 +155,7 @@ inline __m256i nibbles(const uint8_t* qs) {
 struct Q4Weights {
   using Block = BlockQ4_0;
   static constexpr bool kUnsigned = true;
-  static constexpr int kBiasShift = 3;  // the nibble is w + 8
+  static constexpr int kBias = 8;  // the nibble is w + 8
   static __m256i values(const Block& b) {
     return _mm256_sub_epi8(nibbles(b.qs), _mm256_set1_epi8(8));
   }
@@ -292,7 +292,7 @@ struct GroupedInt {
     }
     if constexpr (W::kUnsigned) {
       for (int r = 0; r < MR; ++r) {
-        sums[r] = _mm256_sub_epi32(sums[r], _mm256_set1_epi32(x.sums[r][b] << W::kBiasShift));
+        sums[r] = _mm256_add_epi32(sums[r], _mm256_set1_epi32(x.sums[r][b]));
       }
     }
     const __m256 dw = _mm256_load_ps(g.d);
@@ -342,6 +342,16 @@ struct GroupedInt {
     }
   }
 
+  // What the activation rows' block sums are multiplied by: -bias where the weights go in
+  // unsigned (their value plus the bias), so that adding them corrects each block's int32.
+  static constexpr int32_t bias_factor() {
+    if constexpr (W::kUnsigned) {
+      return -W::kBias;
+    } else {
+      return 0;
+    }
+  }
+
   // All bits set in lanes 0..count-1, as maskload wants them.
   static inline __m256i lanes_below(int count) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -386,8 +396,7 @@ struct GroupedInt {
     if constexpr (W::kUnsigned) {
       const __m256i present = lanes_below(count);
       for (int r = 0; r < MR; ++r) {
-        const __m256i block_sums = _mm256_maskload_epi32(x.sums[r] + t, present);
-        sums[r] = _mm256_sub_epi32(sums[r], _mm256_slli_epi32(block_sums, W::kBiasShift));
+        sums[r] = _mm256_add_epi32(sums[r], _mm256_maskload_epi32(x.sums[r] + t, present));
       }
     }
   }
@@ -504,7 +513,7 @@ struct GroupedInt {
     const auto* wb = static_cast<const uint8_t*>(w);
     size_t xs = 0;
     const uint8_t* xr =
-        narrow_q8_0_rows(static_cast<const uint8_t*>(x), x_stride, n_x, n, &xs, W::kUnsigned);
+        narrow_q8_0_rows(static_cast<const uint8_t*>(x), x_stride, n_x, n, &xs, bias_factor());
     switch (n_x) {
       case 1:
         return narrow<1>(wb, w_stride, n_w, xr, xs, n, y, y_stride);

@@ -12,14 +12,15 @@
 // weights on 2 threads, interleaved: 1.2-1.4x).
 #pragma once
 
-// Rewrites n_x q8_0 rows of n values (x_stride bytes apart) into the per-thread scratch, each
-// block's values sums as int32 after the scales where `block_sums` (for kernels that multiply
-// unsigned weights and take their bias through them); returns the first row, each on a cache
-// line, and sets their stride.
+// Rewrites n_x q8_0 rows of n values (x_stride bytes apart) into the per-thread scratch, and
+// where block_sum_factor is not 0, after the scales, that times each block's sum of values as
+// int32 (for kernels that multiply unsigned weights and take their bias through them); returns
+// the first row, each on a cache line, and sets their stride.
 inline const uint8_t* narrow_q8_0_rows(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
-                                       size_t* stride, bool block_sums = false) {
+                                       size_t* stride, int32_t block_sum_factor = 0) {
   const size_t blocks = n / 32;
-  *stride = (n + blocks * (sizeof(float) + (block_sums ? sizeof(int32_t) : 0)) + 63) / 64 * 64;
+  const size_t sum_bytes = block_sum_factor != 0 ? sizeof(int32_t) : 0;
+  *stride = (n + blocks * (sizeof(float) + sum_bytes) + 63) / 64 * 64;
   uint8_t* out = gemm_scratch(*stride * n_x);
   for (size_t r = 0; r < n_x; ++r) {
     const auto* b = reinterpret_cast<const BlockQ8_0*>(x + r * x_stride);
@@ -29,10 +30,10 @@ inline const uint8_t* narrow_q8_0_rows(const uint8_t* x, size_t x_stride, size_t
     for (size_t i = 0; i < blocks; ++i) {
       __builtin_memcpy(values + 32 * i, b[i].qs, 32);
       scales[i] = half(b[i].d);
-      if (block_sums) {
+      if (block_sum_factor != 0) {
         int32_t sum = 0;
         for (int8_t v : b[i].qs) sum += v;
-        sums[i] = sum;
+        sums[i] = block_sum_factor * sum;
       }
     }
   }
@@ -40,7 +41,7 @@ inline const uint8_t* narrow_q8_0_rows(const uint8_t* x, size_t x_stride, size_t
 }
 
 // MR rewritten rows of n values seen as each row's values, its blocks' scales and (where
-// written) its blocks' sums.
+// written) the scaled sums.
 template <int MR>
 struct NarrowQ8_0Rows {
   const int8_t* values[MR];
