@@ -586,12 +586,14 @@ struct KQuantTile512 {
         __m512i wq[4];
         if constexpr (Direct512<U>::kAvailable) {
           Direct512<U>::scales(block, &scales, &offsets);
+#pragma GCC unroll 4
           for (int p = 0; p < 4; ++p) wq[p] = Direct512<U>::pair(block, p);
         } else {
           UnpackedK up;
           unpack_block(static_cast<const U*>(nullptr), block, up);
           scales = _mm512_mul_ps(_mm512_set1_ps(up.d), widen_i16(up.scale));
           offsets = _mm512_mul_ps(_mm512_set1_ps(up.offset_unit), widen_i16(up.offset));
+#pragma GCC unroll 4
           for (int p = 0; p < 4; ++p) wq[p] = _mm512_load_si512(up.q + 64 * p);
         }
         __m512 wscale[4];

@@ -396,6 +396,7 @@ struct KQuantTile256 {
           part[r] = _mm256_fmadd_ps(offsets[1], _mm256_loadu_ps(b[r][s].sums + 8),
                                     _mm256_mul_ps(offsets[0], _mm256_loadu_ps(b[r][s].sums)));
         }
+#pragma GCC unroll 8
         for (int g = 0; g < 8; ++g) {
           // Lane l of group g covers elements 32g + 4l..32g + 4l + 3: sub-block 2g + l / 4,
           // found in the half of the 16 scales that holds sub-blocks 8 (g / 4) on.
