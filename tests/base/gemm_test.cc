@@ -21,6 +21,8 @@ namespace {
 using kernels::Isa;
 using namespace isa_fixtures;
 
+#include "base/quant_unpack.h"  // the scalar unpacking, as the kernel files take it
+
 constexpr DType kWeightTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0,  DType::Q4_0,
                                   DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K,  DType::Q3_K,
                                   DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL};
@@ -357,6 +359,96 @@ TEST(GemmAvx2, IntegerTypesSumInTheirDocumentedOrder) {
           for (size_t c = 0; c < ops.n_w; ++c) {
             const float want =
                 grouped_int_reference(wt, &ops.w[c * ops.w_stride], &ops.x[r * ops.x_stride], n);
+            ASSERT_TRUE(same_bits(y[r * ops.n_w + c], want))
+                << describe(wt, n, ops.n_w, n_x, r, c) << ": " << y[r * ops.n_w + c]
+                << " != " << want;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The order the SIMD K-quant tiles sum in (gemm_avx512.cc's KQuantTile512 over 16 lanes,
+// gemm_unpacked.h's KQuantTile256 over 8), written out one scalar at a time from the scalar
+// unpacking: per super-block each lane's partial starts from the offsets against the
+// activations' 16-element sums (16 lanes: one product each; 8 lanes: the second half's product
+// added to the first's by one fused multiply-add), then takes (w_scale * x_scale) * I for each
+// step in order, I the exact int32 dot of the lane's four values; the partial joins the lane's
+// total; the lanes are summed as hsum512 (16) or hsum256 (8) sums them.
+template <class U>
+float k_quant_reference(int lanes, const uint8_t* w, const uint8_t* x, size_t n) {
+  const auto* wb = reinterpret_cast<const typename U::Block*>(w);
+  const auto* xb = reinterpret_cast<const BlockQ8_0*>(x);
+  std::vector<float> total(lanes, 0.0f), part(lanes);
+  for (size_t s = 0; s < n / 256; ++s) {
+    UnpackedK up;
+    U::unpack(wb[s], up);
+    float dx[8], sums[16], ws[16], off[16];
+    const int8_t* xv[8];
+    for (int g = 0; g < 8; ++g) {
+      dx[g] = f16_to_f32(xb[8 * s + g].d);
+      xv[g] = xb[8 * s + g].qs;
+      for (int h = 0; h < 2; ++h) {
+        int sum = 0;
+        for (int i = 0; i < 16; ++i) sum += xv[g][16 * h + i];
+        sums[2 * g + h] = dx[g] * static_cast<float>(sum);
+      }
+    }
+    for (int m = 0; m < 16; ++m) {
+      ws[m] = up.d * static_cast<float>(up.scale[m]);
+      off[m] = up.offset_unit * static_cast<float>(up.offset[m]);
+    }
+    for (int l = 0; l < lanes; ++l) {
+      part[l] =
+          lanes == 16 ? off[l] * sums[l] : std::fma(off[8 + l], sums[8 + l], off[l] * sums[l]);
+    }
+    for (int step = 0; step < 256 / (4 * lanes); ++step) {
+      for (int l = 0; l < lanes; ++l) {
+        const int e = 4 * lanes * step + 4 * l;
+        int32_t dot = 0;
+        for (int k = 0; k < 4; ++k) dot += up.q[e + k] * xv[(e + k) / 32][(e + k) % 32];
+        part[l] = std::fma(ws[e / 16] * dx[e / 32], static_cast<float>(dot), part[l]);
+      }
+    }
+    for (int l = 0; l < lanes; ++l) total[l] += part[l];
+  }
+  for (int width = lanes; width > 1; width /= 2) {
+    for (int i = 0; i < width / 2; ++i) total[i] += total[i + width / 2];
+  }
+  return total[0];
+}
+
+// The K-quant tiles (decode's one weight row at a time, and tiles of several rows and columns)
+// give the bits of the order they document, computed here without them.
+TEST_P(GemmTest, KQuantTypesSumInTheirDocumentedOrder) {
+  if (GetParam() == Isa::kScalar) {
+    GTEST_SKIP() << "the scalar kernels keep their own order (checked against the dequantized "
+                    "rows)";
+  }
+  const int lanes = GetParam() == Isa::kAvx512 ? 16 : 8;
+  const auto reference = [&](DType t, const uint8_t* w, const uint8_t* x, size_t n) {
+    switch (t) {
+      case DType::Q2_K:
+        return k_quant_reference<UnpackQ2_K>(lanes, w, x, n);
+      case DType::Q3_K:
+        return k_quant_reference<UnpackQ3_K>(lanes, w, x, n);
+      case DType::Q4_K:
+        return k_quant_reference<UnpackQ4_K>(lanes, w, x, n);
+      case DType::Q5_K:
+        return k_quant_reference<UnpackQ5_K>(lanes, w, x, n);
+      default:
+        return k_quant_reference<UnpackQ6_K>(lanes, w, x, n);
+    }
+  };
+  for (DType wt : {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    for (size_t n : {256u, 768u}) {
+      for (size_t n_x : {1u, 3u, 6u}) {
+        const Operands ops(wt, n, 7, n_x, static_cast<uint32_t>(3 * n + n_x));
+        const std::vector<float> y = ops.gemm();
+        for (size_t r = 0; r < n_x; ++r) {
+          for (size_t c = 0; c < ops.n_w; ++c) {
+            const float want = reference(wt, &ops.w[c * ops.w_stride], &ops.x[r * ops.x_stride], n);
             ASSERT_TRUE(same_bits(y[r * ops.n_w + c], want))
                 << describe(wt, n, ops.n_w, n_x, r, c) << ": " << y[r * ops.n_w + c]
                 << " != " << want;
