@@ -556,8 +556,9 @@ struct Direct512<UnpackQ6_K> {
 // and takes (w_scale * x_scale) * dpbusd(q, x) for each pair of groups over 16 lanes, each
 // lane's weight scale taken by one permute from the super-block's 16; the partial then joins
 // the output's sum. So the chain carried from one super-block to the next is one addition, not
-// five dependent multiply-adds, which bound decode's one weight row at a time. The same
-// operations for every output whatever the tile's shape.
+// five dependent multiply-adds (AVX2's ten bound decode's one weight row at a time; here the
+// gain is smaller, the operations' count being the bound). The same operations for every output
+// whatever the tile's shape.
 template <class U, int Rows, int Cols>
 struct KQuantTile512 {
   static_assert(U::kUnit == 256);
