@@ -261,15 +261,20 @@ struct Direct256<UnpackQ4_K> {
   }
 };
 
+// v's bytes with each one's bit `bit` moved to bit 4 (and the next to bit 5), other bits as they
+// fall: one 16-bit shift, as no bit that lands on 4 or 5 crosses a byte.
+inline __m256i bit_to_four(__m256i v, int bit) {
+  return bit <= 4 ? _mm256_slli_epi16(v, 4 - bit) : _mm256_srli_epi16(v, bit - 4);
+}
+
 template <>
 struct Direct256<UnpackQ5_K> {
   static constexpr bool kAvailable = true;
   // q4_K's nibbles plus bit g of qh[l] as bit 4.
   static __m256i group(const BlockQ5_K& b, int g) {
     const __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh));
-    const __m256i bit =
-        _mm256_and_si256(_mm256_srl_epi16(top, _mm_cvtsi32_si128(g)), _mm256_set1_epi8(0x01));
-    return _mm256_or_si256(k4_nibbles(b.qs, g), _mm256_slli_epi16(bit, 4));
+    return _mm256_or_si256(k4_nibbles(b.qs, g),
+                           _mm256_and_si256(bit_to_four(top, g), _mm256_set1_epi8(0x10)));
   }
   static void scales(const BlockQ5_K& b, __m256 scale[2], __m256 offset[2]) {
     k4_lane_scales(b, scale, offset);
@@ -286,11 +291,10 @@ struct Direct256<UnpackQ6_K> {
     const __m256i low =
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.ql + 64 * h + 32 * (q % 2)));
     const __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 32 * h));
-    const __m256i nibble = _mm256_and_si256(_mm256_srl_epi16(low, _mm_cvtsi32_si128(4 * (q / 2))),
-                                            _mm256_set1_epi8(0x0f));
-    const __m256i bits =
-        _mm256_and_si256(_mm256_srl_epi16(top, _mm_cvtsi32_si128(2 * q)), _mm256_set1_epi8(0x03));
-    return _mm256_or_si256(nibble, _mm256_slli_epi16(bits, 4));
+    const __m256i nibble =
+        _mm256_and_si256(q < 2 ? low : _mm256_srli_epi16(low, 4), _mm256_set1_epi8(0x0f));
+    return _mm256_or_si256(nibble,
+                           _mm256_and_si256(bit_to_four(top, 2 * q), _mm256_set1_epi8(0x30)));
   }
   static void scales(const BlockQ6_K& b, __m256 scale[2], __m256 offset[2]) {
     const float d = half(b.d);
