@@ -6,7 +6,8 @@
 // namespace, as gemm_tiles.h is; it includes nothing itself.
 //
 // A row's values contiguous (a block's 32, or a block pair's 64, in one aligned load) and then
-// its blocks' scales as floats: 34 bytes per 32 values, as the quantised row, so that a row of
+// its blocks' scales as floats (and, for AVX2's q4_0, each block's scaled sum of values as
+// int32): 34 (38) bytes per 32 values, about the quantised row's, so that a row of
 // 5,632 values keeps 6 KB of the first-level cache, where the tiles' prepared layout (64 or 96
 // bytes per 32 values) slowed the weight stream beside it (the GEMV of 2,048 x 5,632 q8_0
 // weights on 2 threads, interleaved: 1.2-1.4x).
