@@ -29,6 +29,7 @@ int block_elements(DType t) {
     case DType::Q4_K:
     case DType::Q5_K:
     case DType::Q6_K:
+    case DType::Q8_K:
       return kSuperBlock;
   }
   return 1;
@@ -63,6 +64,8 @@ size_t block_bytes(DType t) {
       return sizeof(BlockQ6_K);
     case DType::IQ4_NL:
       return sizeof(BlockIQ4_NL);
+    case DType::Q8_K:
+      return sizeof(BlockQ8_K);
   }
   return 0;
 }
@@ -101,6 +104,8 @@ std::string_view dtype_name(DType t) {
       return "q6_K";
     case DType::IQ4_NL:
       return "iq4_nl";
+    case DType::Q8_K:
+      return "q8_K";
   }
   return "?";
 }
@@ -112,6 +117,7 @@ std::optional<DType> parse_dtype(std::string_view name) {
   if (lower == "fp16") return DType::F16;
   for (int i = 0; i < kDTypeCount; ++i) {
     const auto t = static_cast<DType>(i);
+    if (is_activation_only(t)) continue;
     std::string known(dtype_name(t));
     for (char& c : known) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     if (lower == known) return t;
@@ -149,13 +155,16 @@ uint32_t ggml_type_id(DType t) {
       return 14;
     case DType::IQ4_NL:
       return 20;
+    case DType::Q8_K:
+      return 15;
   }
   return ~0u;
 }
 
 std::optional<DType> dtype_from_ggml(uint32_t id) {
   for (int i = 0; i < kDTypeCount; ++i) {
-    if (ggml_type_id(static_cast<DType>(i)) == id) return static_cast<DType>(i);
+    const auto t = static_cast<DType>(i);
+    if (!is_activation_only(t) && ggml_type_id(t) == id) return t;
   }
   return std::nullopt;
 }
@@ -264,6 +273,13 @@ void dequantize_row(DType t, const void* src, float* dst, size_t n) {
       }
       return;
     }
+    case DType::Q8_K: {
+      const auto* b = static_cast<const BlockQ8_K*>(src);
+      for (size_t i = 0; i < n / 256; ++i) {
+        for (int j = 0; j < 256; ++j) dst[i * 256 + j] = b[i].d * b[i].qs[j];
+      }
+      return;
+    }
     case DType::IQ4_NL: {
       const auto* b = static_cast<const BlockIQ4_NL*>(src);
       for (size_t i = 0; i < n / 32; ++i) {
@@ -328,6 +344,25 @@ void quantize_row(DType t, const float* src, void* dst, size_t n) {
             return static_cast<uint8_t>(std::min(15.0f, std::nearbyint(v * id) + 8.0f));
           };
           b[i].qs[j] = static_cast<uint8_t>(q(x[j]) | q(x[j + 16]) << 4);
+        }
+      }
+      return;
+    }
+    case DType::Q8_K: {
+      // As q8_0 over 256 values, the scale kept in f32.
+      auto* b = static_cast<BlockQ8_K*>(dst);
+      for (size_t i = 0; i < n / 256; ++i) {
+        const float* x = src + i * 256;
+        float amax = 0.0f;
+        for (int j = 0; j < 256; ++j) amax = std::max(amax, std::fabs(x[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = d;
+        for (int j = 0; j < 256; ++j) b[i].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
+        for (int k = 0; k < 16; ++k) {
+          int sum = 0;
+          for (int j = 0; j < 16; ++j) sum += b[i].qs[16 * k + j];
+          b[i].bsums[k] = static_cast<int16_t>(sum);
         }
       }
       return;

@@ -24,12 +24,19 @@ enum class DType : uint8_t {
   Q4_K,
   Q5_K,
   Q6_K,
-  IQ4_NL
+  IQ4_NL,
+  Q8_K
 };
-constexpr int kDTypeCount = 14;
+constexpr int kDTypeCount = 15;
+
+// Whether t is a type that activations take only (q8_K, for K-quant weights), never that of a
+// weight or a KV block: model files and the command line do not name it.
+constexpr bool is_activation_only(DType t) {
+  return t == DType::Q8_K;
+}
 
 // Elements per quantisation block (32 for q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; 256 for the K
-// types; 1 otherwise).
+// types and q8_K; 1 otherwise).
 int block_elements(DType t);
 // Bytes per quantisation block (34 for q8_0, 18 for q4_0, ..., element size otherwise).
 size_t block_bytes(DType t);
@@ -38,12 +45,12 @@ size_t row_bytes(DType t, size_t n);
 // Name as used on the command line and by llama.cpp ("f32", "q8_0", "q4_K", ...).
 std::string_view dtype_name(DType t);
 // Parses a name accepted by dtype_name, in either case (also "fp16", "fp32"); nullopt if
-// unknown.
+// unknown or activation-only.
 std::optional<DType> parse_dtype(std::string_view name);
 // GGML tensor type id of t (F32=0, F16=1, Q4_0=2, Q4_1=3, Q5_0=6, Q5_1=7, Q8_0=8, Q2_K=10 ..
-// Q6_K=14, IQ4_NL=20, BF16=30).
+// Q6_K=14, Q8_K=15, IQ4_NL=20, BF16=30).
 uint32_t ggml_type_id(DType t);
-// DType of a GGML type id, nullopt for types kvcache does not support.
+// DType of a GGML type id, nullopt for types kvcache does not support as weights.
 std::optional<DType> dtype_from_ggml(uint32_t id);
 // Name of any GGML type id, for error messages.
 std::string_view ggml_type_name(uint32_t id);
@@ -54,6 +61,16 @@ struct BlockQ8_0 {
   int8_t qs[32];
 };
 static_assert(sizeof(BlockQ8_0) == 34);
+
+// q8_K (GGML's layout): 256 int8 values sharing one f32 scale, and the sum of each 16 of them;
+// value = d * qs[i]. The K-quant weights' activations: one scale per super-block lets a
+// super-block's products, scaled by the weights' integer sub-block scales, sum exactly in int32.
+struct BlockQ8_K {
+  float d;
+  int8_t qs[256];
+  int16_t bsums[16];
+};
+static_assert(sizeof(BlockQ8_K) == 292);
 
 // q4_0: 32 4-bit values sharing one f16 scale; value = d * (nibble - 8).
 // Byte j holds element j in its low nibble and element j + 16 in its high nibble.

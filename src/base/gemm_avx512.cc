@@ -450,37 +450,13 @@ struct IntTile {
   }
 };
 
-// 16 int16 values as f32.
-inline __m512 widen_i16(const int16_t* v) {
-  return _mm512_cvtepi32_ps(
-      _mm512_cvtepi16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(v))));
-}
-
-// The most used K types unpacked in registers, for KQuantTile512: the 64 unsigned values of a
-// pair of groups and the super-block's 16 lane scales and offsets, with no trip through
-// memory (whose small stores a wide load cannot forward from). Other types take
-// quant_unpack.h's form.
+// The most used K types' pairs of groups unpacked in registers, for KQuantTile512: 64 unsigned
+// values with no trip through memory (whose small stores a wide load cannot forward from).
+// Their scales are gemm_unpacked.h's Direct256; other types take quant_unpack.h's form.
 template <class U>
 struct Direct512 {
   static constexpr bool kAvailable = false;
 };
-
-// Its 16 bytes as f32, each of the first eight twice (sub-blocks of 32 cover two of 16).
-inline __m512 widen_u8_pairs(uint32_t lo, uint32_t hi) {
-  const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-  const __m128i bytes =
-      _mm_shuffle_epi8(_mm_set_epi32(0, 0, static_cast<int>(hi), static_cast<int>(lo)), dup);
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
-}
-
-// q4_K and q5_K's scales and minima, 16 lanes each.
-template <class B>
-inline void k4_scales512(const B& b, __m512* scale, __m512* offset) {
-  uint32_t sc[2], mn[2];
-  k4_scale_words(b.scales, sc, mn);
-  *scale = _mm512_mul_ps(_mm512_set1_ps(half(b.d)), widen_u8_pairs(sc[0], sc[1]));
-  *offset = _mm512_mul_ps(_mm512_set1_ps(-half(b.dmin)), widen_u8_pairs(mn[0], mn[1]));
-}
 
 // Pair p of q4_K or q5_K: the 32 bytes qs[32p..] in both halves, the second shifted down a
 // nibble: their low nibbles then their high nibbles.
@@ -513,9 +489,6 @@ template <>
 struct Direct512<UnpackQ4_K> {
   static constexpr bool kAvailable = true;
   static __m512i pair(const BlockQ4_K& b, int p) { return k4_pair_nibbles(b.qs, p); }
-  static void scales(const BlockQ4_K& b, __m512* scale, __m512* offset) {
-    k4_scales512(b, scale, offset);
-  }
 };
 
 template <>
@@ -524,9 +497,6 @@ struct Direct512<UnpackQ5_K> {
   // q4_K's nibbles plus bits 2p (first 32) and 2p + 1 (second 32) of qh[l] as bit 4.
   static __m512i pair(const BlockQ5_K& b, int p) {
     return or_masked(k4_pair_nibbles(b.qs, p), bits_to_four(b.qh, 2 * p, 2 * p + 1), 0x10);
-  }
-  static void scales(const BlockQ5_K& b, __m512* scale, __m512* offset) {
-    k4_scales512(b, scale, offset);
   }
 };
 
@@ -542,23 +512,16 @@ struct Direct512<UnpackQ6_K> {
         _mm512_set1_epi8(0x0f));
     return or_masked(low, bits_to_four(b.qh + 32 * h, q, q + 2), 0x30);
   }
-  static void scales(const BlockQ6_K& b, __m512* scale, __m512* offset) {
-    const __m512 sc = _mm512_cvtepi32_ps(
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales))));
-    const float d = half(b.d);
-    *scale = _mm512_mul_ps(_mm512_set1_ps(d), sc);
-    *offset = _mm512_mul_ps(_mm512_set1_ps(-32.0f * d), sc);
-  }
 };
 
-// K-quant weights (256-element super-blocks) in 512-bit steps: per super-block and output, a
-// partial sum starts from the offsets (the 16 scaled offsets against the activations' 16 sums)
-// and takes (w_scale * x_scale) * dpbusd(q, x) for each pair of groups over 16 lanes, each
-// lane's weight scale taken by one permute from the super-block's 16; the partial then joins
-// the output's sum. So the chain carried from one super-block to the next is one addition, not
-// five dependent multiply-adds (AVX2's ten bound decode's one weight row at a time; here the
-// gain is smaller, the operations' count being the bound). The same operations for every output
-// whatever the tile's shape.
+// K-quant weights (256-element super-blocks) against q8_K activations in 512-bit steps: per
+// super-block and output, each pair of groups takes maddubs(q, x) (pairs of products; q < 64
+// keeps them below 2^15) and then vpdpwssd with the sub-blocks' integer scales, lane l summing
+// elements 64p + 4l..64p + 4l + 3 of every pair p into the exact int32 S_l; the offsets against
+// the activations' 16 sums give the exact O_l in lanes 0-7 (offset_sums, 0 above). The
+// super-block's partial (d dx) S_l + (unit dx) O_l (one product, one fused multiply-add) joins
+// the output's sum, so the chain carried from one super-block to the next is one addition.
+// The same operations for every output whatever the tile's shape.
 template <class U, int Rows, int Cols>
 struct KQuantTile512 {
   static_assert(U::kUnit == 256);
@@ -566,16 +529,11 @@ struct KQuantTile512 {
   static constexpr int kCols = Cols;
   using Block = typename U::Block;
 
-  static const uint8_t* prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
-                                size_t* stride) {
-    return prepare_super_blocks(x, x_stride, n_x, n, stride);
-  }
-
   template <int MR, int NR>
   static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
                    size_t ys) {
-    const PreparedSuperBlock* b[MR];
-    for (int r = 0; r < MR; ++r) b[r] = reinterpret_cast<const PreparedSuperBlock*>(x + r * xs);
+    const BlockQ8_K* b[MR];
+    for (int r = 0; r < MR; ++r) b[r] = reinterpret_cast<const BlockQ8_K*>(x + r * xs);
     __m512 acc[MR][NR];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_setzero_ps();
@@ -583,41 +541,38 @@ struct KQuantTile512 {
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
         const Block& block = reinterpret_cast<const Block*>(w + j * ws)[s];
-        __m512 scales, offsets;
-        __m512i wq[4];
-        if constexpr (Direct512<U>::kAvailable) {
-          Direct512<U>::scales(block, &scales, &offsets);
-#pragma GCC unroll 4
-          for (int p = 0; p < 4; ++p) wq[p] = Direct512<U>::pair(block, p);
-        } else {
-          UnpackedK up;
-          unpack_block(static_cast<const U*>(nullptr), block, up);
-          scales = _mm512_mul_ps(_mm512_set1_ps(up.d), widen_i16(up.scale));
-          offsets = _mm512_mul_ps(_mm512_set1_ps(up.offset_unit), widen_i16(up.offset));
-#pragma GCC unroll 4
-          for (int p = 0; p < 4; ++p) wq[p] = _mm512_load_si512(up.q + 64 * p);
-        }
-        __m512 wscale[4];
+        UnpackedK up;
+        const KScales k = super_block_scales<U>(block, up);
+        __m512i wq[4], wscale[4];
 #pragma GCC unroll 4
         for (int p = 0; p < 4; ++p) {
-          // Lane l of a pair covers elements 64p + 4l..64p + 4l + 3: sub-block 4p + l / 4.
-          wscale[p] = _mm512_permutexvar_ps(
-              _mm512_add_epi32(_mm512_set1_epi32(4 * p),
-                               _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0)),
-              scales);
+          if constexpr (Direct512<U>::kAvailable) {
+            wq[p] = Direct512<U>::pair(block, p);
+          } else {
+            wq[p] = _mm512_load_si512(up.q + 64 * p);
+          }
+          // Lane m of a pair's 16-bit products covers elements 64p + 2m, 64p + 2m + 1: sub-block
+          // 4p + m / 8.
+          const __m512i sub =
+              _mm512_add_epi16(_mm512_set1_epi16(static_cast<int16_t>(4 * p)),
+                               _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1,
+                                                1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0));
+          wscale[p] = _mm512_permutexvar_epi16(sub, _mm512_castsi256_si512(k.scale));
         }
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
-          const PreparedSuperBlock& px = b[r][s];
-          __m512 part = _mm512_mul_ps(offsets, _mm512_loadu_ps(px.sums));
+          const BlockQ8_K& px = b[r][s];
+          __m512i sum =
+              _mm512_madd_epi16(_mm512_maddubs_epi16(wq[0], _mm512_loadu_si512(px.qs)), wscale[0]);
 #pragma GCC unroll 4
-          for (int p = 0; p < 4; ++p) {
-            const __m512i xv = _mm512_loadu_si512(px.x + 64 * p);
-            const __m512 dx = _mm512_loadu_ps(&px.scale[0][0] + 16 * p);  // groups 2p, 2p + 1
-            const __m512 dot =
-                _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[p], xv));
-            part = _mm512_fmadd_ps(_mm512_mul_ps(wscale[p], dx), dot, part);
+          for (int p = 1; p < 4; ++p) {
+            sum = _mm512_dpwssd_epi32(
+                sum, _mm512_maddubs_epi16(wq[p], _mm512_loadu_si512(px.qs + 64 * p)), wscale[p]);
           }
+          const __m512 offsets = _mm512_zextps256_ps512(_mm256_cvtepi32_ps(offset_sums(k, px)));
+          const __m512 part =
+              _mm512_fmadd_ps(offsets, _mm512_set1_ps(k.unit * px.d),
+                              _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(k.d * px.d)));
           acc[r][j] = _mm512_add_ps(acc[r][j], part);
         }
       }

@@ -1,6 +1,7 @@
-// The GEMM tiles for weights of quant_unpack.h's types (q4_1, q5_0, q5_1, q2_K..q6_K) against
-// q8_0 activations, written once over 256-bit vectors for every x86 instruction set (internal
-// to base/): UnpackedTile for any of them, KQuantTile256 for the K-quants' super-blocks.
+// The GEMM tiles for weights of quant_unpack.h's types, written once over 256-bit vectors for
+// every x86 instruction set (internal to base/): UnpackedTile for the 32-element ones (q4_1,
+// q5_0, q5_1) against q8_0 activations, KQuantTile256 for the K-quants' super-blocks (q2_K..q6_K)
+// against q8_K activations, and the K super-blocks' integer scales that AVX-512's tile shares.
 //
 // Included by each gemm_*.cc after its target pragma, inside an anonymous namespace, after
 // simd_reduce.h, gemm_tiles.h and quant_unpack.h, and after the file's own
@@ -212,37 +213,41 @@ struct UnpackedTile {
   }
 };
 
-// The most used K types unpacked in registers for KQuantTile256: one group's 32 unsigned
-// values, and the super-block's 16 scales and offsets as two halves of 8 lanes, with no trip
-// through memory. Other types take quant_unpack.h's form.
+// A K super-block's 16 integer scales and 16 integer offsets (one per 16 elements) in 16-bit
+// lanes, with their two float units: element e = (d * scale[e / 16]) * q[e] + unit *
+// offset[e / 16], as UnpackedK.
+struct KScales {
+  __m256i scale, offset;
+  float d, unit;
+};
+
+// UnpackedK's scales and offsets as KScales.
+inline KScales k_scales(const UnpackedK& up) {
+  return {_mm256_load_si256(reinterpret_cast<const __m256i*>(up.scale)),
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(up.offset)), up.d, up.offset_unit};
+}
+
+// The most used K types unpacked in registers for the K-quant tiles: one group's 32 unsigned
+// values (AVX2; AVX-512 takes pairs of groups its own way), and the super-block's KScales,
+// with no trip through memory. Other types take quant_unpack.h's form.
 template <class U>
 struct Direct256 {
   static constexpr bool kAvailable = false;
 };
 
-// Eight bytes (each of the first four twice when pairs) as f32 lanes.
-inline __m256 widen_u8(uint64_t bytes) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(bytes))));
+// Eight bytes as 16 int16 lanes, each byte twice (q4_K's sub-blocks of 32 cover two of 16).
+inline __m256i twice_i16(uint32_t lo, uint32_t hi) {
+  const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  return _mm256_cvtepu8_epi16(
+      _mm_shuffle_epi8(_mm_set_epi32(0, 0, static_cast<int>(hi), static_cast<int>(lo)), dup));
 }
 
-// The bytes of w, each twice, from the lowest: b0 b0 b1 b1 b2 b2 b3 b3.
-inline uint64_t twice(uint32_t w) {
-  uint64_t x = w;
-  x = (x | x << 16) & 0x0000ffff0000ffffull;
-  x = (x | x << 8) & 0x00ff00ff00ff00ffull;
-  return x | x << 8;
-}
-
-// q4_K and q5_K's scales and minima as two halves of 8 lanes each.
+// q4_K and q5_K's scales and minima.
 template <class B>
-inline void k4_lane_scales(const B& b, __m256 scale[2], __m256 offset[2]) {
+inline KScales k4_scales(const B& b) {
   uint32_t sc[2], mn[2];
   k4_scale_words(b.scales, sc, mn);
-  const __m256 d = _mm256_set1_ps(half(b.d)), dmin = _mm256_set1_ps(-half(b.dmin));
-  for (int i = 0; i < 2; ++i) {
-    scale[i] = _mm256_mul_ps(d, widen_u8(twice(sc[i])));
-    offset[i] = _mm256_mul_ps(dmin, widen_u8(twice(mn[i])));
-  }
+  return {twice_i16(sc[0], sc[1]), twice_i16(mn[0], mn[1]), half(b.d), -half(b.dmin)};
 }
 
 // Group g of q4_K or q5_K: the low (even g) or high (odd g) nibbles of qs[32 (g / 2)..].
@@ -256,9 +261,7 @@ template <>
 struct Direct256<UnpackQ4_K> {
   static constexpr bool kAvailable = true;
   static __m256i group(const BlockQ4_K& b, int g) { return k4_nibbles(b.qs, g); }
-  static void scales(const BlockQ4_K& b, __m256 scale[2], __m256 offset[2]) {
-    k4_lane_scales(b, scale, offset);
-  }
+  static KScales scales(const BlockQ4_K& b) { return k4_scales(b); }
 };
 
 // v's bytes with each one's bit `bit` moved to bit 4 (and the next to bit 5), other bits as they
@@ -276,9 +279,7 @@ struct Direct256<UnpackQ5_K> {
     return _mm256_or_si256(k4_nibbles(b.qs, g),
                            _mm256_and_si256(bit_to_four(top, g), _mm256_set1_epi8(0x10)));
   }
-  static void scales(const BlockQ5_K& b, __m256 scale[2], __m256 offset[2]) {
-    k4_lane_scales(b, scale, offset);
-  }
+  static KScales scales(const BlockQ5_K& b) { return k4_scales(b); }
 };
 
 template <>
@@ -296,64 +297,40 @@ struct Direct256<UnpackQ6_K> {
     return _mm256_or_si256(nibble,
                            _mm256_and_si256(bit_to_four(top, 2 * q), _mm256_set1_epi8(0x30)));
   }
-  static void scales(const BlockQ6_K& b, __m256 scale[2], __m256 offset[2]) {
+  // The values are stored plus 32: each sub-block's offset is -32 times its scale.
+  static KScales scales(const BlockQ6_K& b) {
+    const __m256i sc =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
     const float d = half(b.d);
-    for (int i = 0; i < 2; ++i) {
-      const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.scales + 8 * i))));
-      scale[i] = _mm256_mul_ps(_mm256_set1_ps(d), sc);
-      offset[i] = _mm256_mul_ps(_mm256_set1_ps(-32.0f * d), sc);
-    }
+    return {sc, sc, d, -32.0f * d};
   }
 };
 
-// A q8_0 activation row as the K-quant tiles read it, per 256 elements: the bytes; each
-// 32-element group's scale in 8 lanes (so a pair of groups fills 16); and per 16 elements,
-// scale * the sum of their bytes (for the weights' offsets).
-struct PreparedSuperBlock {
-  int8_t x[256];
-  float scale[8][8];
-  float sums[16];
-};
-
-inline const uint8_t* prepare_super_blocks(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
-                                           size_t* stride) {
-  *stride = n / 256 * sizeof(PreparedSuperBlock);
-  uint8_t* out = gemm_scratch(*stride * n_x);
-  for (size_t r = 0; r < n_x; ++r) {
-    const auto* b = reinterpret_cast<const BlockQ8_0*>(x + r * x_stride);
-    auto* p = reinterpret_cast<PreparedSuperBlock*>(out + r * *stride);
-    for (size_t s = 0; s < n / 256; ++s) {
-      for (int g = 0; g < 8; ++g) {
-        const BlockQ8_0& xb = b[8 * s + g];
-        const float d = half(xb.d);
-        for (int i = 0; i < 32; ++i) p[s].x[32 * g + i] = xb.qs[i];
-        for (int l = 0; l < 8; ++l) p[s].scale[g][l] = d;
-        for (int h = 0; h < 2; ++h) {
-          int sum = 0;
-          for (int i = 0; i < 16; ++i) sum += xb.qs[16 * h + i];
-          p[s].sums[2 * g + h] = d * static_cast<float>(sum);
-        }
-      }
-    }
+// A weight super-block's KScales and its unpacked form where the type has no direct one.
+template <class U>
+inline KScales super_block_scales(const typename U::Block& block, UnpackedK& up) {
+  if constexpr (Direct256<U>::kAvailable) {
+    return Direct256<U>::scales(block);
+  } else {
+    unpack_block(static_cast<const U*>(nullptr), block, up);
+    return k_scales(up);
   }
-  return out;
 }
 
-// 16 int16 values as f32 in two halves of 8.
-inline void widen_i16_halves(const int16_t* v, __m256* lo, __m256* hi) {
-  const __m256i all = _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
-  *lo = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(all)));
-  *hi = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(all, 1)));
+// The int32 sums offset[2i] * sums[2i] + offset[2i + 1] * sums[2i + 1] of a super-block's
+// offsets against a q8_K block's 16 sums, lane i < 8.
+inline __m256i offset_sums(const KScales& k, const BlockQ8_K& x) {
+  return _mm256_madd_epi16(k.offset, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bsums)));
 }
 
-// K-quant weights (256-element super-blocks) over 256-bit vectors: per super-block and output, a
-// partial sum starts from the offsets (joined through the activations' 16 sums) and takes
-// (w_scale * x_scale) * dot(q, x) for each group of 32, each lane's weight scale taken by one
-// permute from the super-block's 16 scales (widened from integers once per super-block); the
-// partial then joins the output's sum, so that the chain carried from one super-block to the
-// next is one addition, not ten dependent multiply-adds, which bound decode's one weight row at
-// a time. The same operations for every output whatever the tile's shape.
+// K-quant weights (256-element super-blocks) against q8_K activations over 256-bit vectors:
+// per super-block and output, each group of 32 takes maddubs(q, x) (pairs of products; q < 64
+// keeps them below 2^15) and then madd with the sub-blocks' integer scales, lane l summing
+// elements 32g + 4l..32g + 4l + 3 of every group g into the exact int32 S_l; the offsets against
+// the activations' 16 sums give the exact O_l (offset_sums). The super-block's partial
+// (d dx) S_l + (unit dx) O_l (one product, one fused multiply-add) joins the output's sum, so
+// the chain carried from one super-block to the next is one addition. The same operations for
+// every output whatever the tile's shape.
 template <class U, int Rows, int Cols>
 struct KQuantTile256 {
   static_assert(U::kUnit == 256);
@@ -361,18 +338,11 @@ struct KQuantTile256 {
   static constexpr int kCols = Cols;
   using Block = typename U::Block;
 
-  static const uint8_t* prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
-                                size_t* stride) {
-    return prepare_super_blocks(x, x_stride, n_x, n, stride);
-  }
-
   template <int MR, int NR>
   static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
                    size_t ys) {
-    const PreparedSuperBlock* b[MR];
-    for (int r = 0; r < MR; ++r) {
-      b[r] = reinterpret_cast<const PreparedSuperBlock*>(x + r * xs);
-    }
+    const BlockQ8_K* b[MR];
+    for (int r = 0; r < MR; ++r) b[r] = reinterpret_cast<const BlockQ8_K*>(x + r * xs);
     __m256 acc[MR][NR];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_setzero_ps();
@@ -380,50 +350,43 @@ struct KQuantTile256 {
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
         const Block& block = reinterpret_cast<const Block*>(w + j * ws)[s];
-        __m256 scales[2], offsets[2];
         UnpackedK up;
-        if constexpr (Direct256<U>::kAvailable) {
-          Direct256<U>::scales(block, scales, offsets);
-        } else {
-          unpack_block(static_cast<const U*>(nullptr), block, up);
-          widen_i16_halves(up.scale, &scales[0], &scales[1]);
-          widen_i16_halves(up.offset, &offsets[0], &offsets[1]);
-          const __m256 d = _mm256_set1_ps(up.d), unit = _mm256_set1_ps(up.offset_unit);
-          for (int i = 0; i < 2; ++i) {
-            scales[i] = _mm256_mul_ps(d, scales[i]);
-            offsets[i] = _mm256_mul_ps(unit, offsets[i]);
-          }
-        }
-        __m256 part[MR];
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-          part[r] = _mm256_fmadd_ps(offsets[1], _mm256_loadu_ps(b[r][s].sums + 8),
-                                    _mm256_mul_ps(offsets[0], _mm256_loadu_ps(b[r][s].sums)));
-        }
+        const KScales k = super_block_scales<U>(block, up);
+        // Groups 0-3 find their scales in sub-blocks 0-7, groups 4-7 in 8-15.
+        const __m256i low = _mm256_permute2x128_si256(k.scale, k.scale, 0x00);
+        const __m256i high = _mm256_permute2x128_si256(k.scale, k.scale, 0x11);
+        __m256i sum[MR];
 #pragma GCC unroll 8
         for (int g = 0; g < 8; ++g) {
-          // Lane l of group g covers elements 32g + 4l..32g + 4l + 3: sub-block 2g + l / 4,
-          // found in the half of the 16 scales that holds sub-blocks 8 (g / 4) on.
-          const __m256i sub = _mm256_add_epi32(_mm256_set1_epi32(2 * (g % 4)),
-                                               _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0));
+          // Lanes 0-7 of group g's pairs take sub-block 2g's scale, lanes 8-15 sub-block 2g + 1's.
+          const char lo = static_cast<char>(4 * (g % 4)), hi = static_cast<char>(4 * (g % 4) + 2);
+          const __m256i wscale = _mm256_shuffle_epi8(
+              g < 4 ? low : high,
+              _mm256_setr_epi8(lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo,
+                               lo + 1, lo, lo + 1, lo, lo + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1,
+                               hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1));
           __m256i wq;
           if constexpr (Direct256<U>::kAvailable) {
             wq = Direct256<U>::group(block, g);
           } else {
             wq = _mm256_load_si256(reinterpret_cast<const __m256i*>(up.q + 32 * g));
           }
-          const __m256 wscale = _mm256_permutevar8x32_ps(scales[g / 4], sub);
 #pragma GCC unroll 8
           for (int r = 0; r < MR; ++r) {
             const __m256i xv =
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[r][s].x + 32 * g));
-            const __m256 dx = _mm256_loadu_ps(b[r][s].scale[g]);
-            const __m256 dot = _mm256_cvtepi32_ps(dot_u8s8(wq, xv));
-            part[r] = _mm256_fmadd_ps(_mm256_mul_ps(wscale, dx), dot, part[r]);
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[r][s].qs + 32 * g));
+            const __m256i scaled = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xv), wscale);
+            sum[r] = g == 0 ? scaled : _mm256_add_epi32(sum[r], scaled);
           }
         }
 #pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) acc[r][j] = _mm256_add_ps(acc[r][j], part[r]);
+        for (int r = 0; r < MR; ++r) {
+          const float dx = b[r][s].d;
+          const __m256 part = _mm256_fmadd_ps(
+              _mm256_cvtepi32_ps(offset_sums(k, b[r][s])), _mm256_set1_ps(k.unit * dx),
+              _mm256_mul_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_set1_ps(k.d * dx)));
+          acc[r][j] = _mm256_add_ps(acc[r][j], part);
+        }
       }
     }
     store_sums<MR, NR>(acc, y, ys);

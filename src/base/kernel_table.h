@@ -31,8 +31,9 @@ struct KernelTable {
   // requesting the rows at ahead as scores_f16_queries does.
   void (*accumulate_f16_queries)(const float* const* p, size_t nq, const uint16_t* v, size_t n,
                                  size_t hd, float* const* out, const uint16_t* ahead);
-  // quantize_row to q8_0 and to f16: the same bytes as its scalar code.
+  // quantize_row to q8_0, q8_K and f16: the same bytes as its scalar code.
   void (*quantize_q8_0)(const float* x, void* out, size_t n);
+  void (*quantize_q8_k)(const float* x, void* out, size_t n);
   void (*to_f16)(const float* x, uint16_t* out, size_t n);
   // p[t] = exp(p[t] - max) for t < n, max the largest p[t] (softmax_exp.h's exponential);
   // returns their sum.
@@ -45,6 +46,7 @@ struct KernelTable {
 
 // The AVX2 + F16C row conversions, which the AVX-512 table shares (they are bound by memory).
 void quantize_q8_0_avx2(const float* x, void* out, size_t n);
+void quantize_q8_k_avx2(const float* x, void* out, size_t n);
 void to_f16_avx2(const float* x, uint16_t* out, size_t n);
 
 // The four attention loops, written once over an instruction set's own dot and axpy so that

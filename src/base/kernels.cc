@@ -124,7 +124,8 @@ std::optional<Isa> parse_isa(std::string_view name) {
 }
 
 DType activation_type(DType w) {
-  return block_elements(w) > 1 ? DType::Q8_0 : DType::F32;
+  if (block_elements(w) == 1) return DType::F32;
+  return block_elements(w) == block_elements(DType::Q8_K) ? DType::Q8_K : DType::Q8_0;
 }
 
 size_t activation_row_bytes(DType w, size_t n) {
@@ -134,8 +135,9 @@ size_t activation_row_bytes(DType w, size_t n) {
 // Raised whenever any kernel's results change bits (2: softmax's own exponential; 3: quantised
 // keys scored over their exact values, as f32 keys are; 4: AVX2's integer weight types summed
 // block by block across eight weight rows; 5: SwiGLU's gate through softmax's exponential; 6:
-// K-quant weights summed a super-block apart before joining a row's sum, AVX2 and AVX-512).
-constexpr int kArithmeticVersion = 6;
+// K-quant weights summed a super-block apart before joining a row's sum, AVX2 and AVX-512; 7:
+// K-quant weights against q8_K activations, each super-block summed in integers).
+constexpr int kArithmeticVersion = 7;
 
 std::string arithmetic_identity() {
   return std::string(isa_name(active_isa())) + "/" + std::to_string(kArithmeticVersion);
@@ -160,6 +162,8 @@ uint64_t read_sum(const uint64_t* p, size_t n) {
 void quantize(DType t, const float* x, void* out, size_t n) {
   if (t == DType::Q8_0) {
     table().quantize_q8_0(x, out, n);
+  } else if (t == DType::Q8_K) {
+    table().quantize_q8_k(x, out, n);
   } else if (t == DType::F16) {
     table().to_f16(x, static_cast<uint16_t*>(out), n);
   } else {

@@ -29,8 +29,8 @@ std::string arithmetic_identity();
 std::string_view isa_name(Isa isa);
 std::optional<Isa> parse_isa(std::string_view name);
 
-// Type that activations take when multiplied by weights of type w: q8_0 for q8_0 and q4_0
-// weights (integer dot products), f32 otherwise.
+// Type that activations take when multiplied by weights of type w (integer dot products for
+// the quantised types): q8_K for the K-quants, q8_0 for the other quantised types, f32 otherwise.
 DType activation_type(DType w);
 // Bytes of one activation row of n elements for weights of type w.
 size_t activation_row_bytes(DType w, size_t n);
@@ -48,7 +48,7 @@ void silu_mul(float* gate, const float* up, size_t n);
 // loads, as the kernels read weights: the bandwidth probe that decode is measured against.
 uint64_t read_sum(const uint64_t* p, size_t n);
 // quantize_row(t, x, out, n) through the active instruction set where it has a kernel for t
-// (f16, q8_0): the same bytes on every instruction set.
+// (f16, q8_0, q8_K): the same bytes on every instruction set.
 void quantize(DType t, const float* x, void* out, size_t n);
 
 // out[r] = dot(w, x_r) for r < m, where w is one weight row of n elements of type wtype and

@@ -325,6 +325,40 @@ void quantize_q8_0_avx2(const float* x, void* out, size_t n) {
   }
 }
 
+// As quantize_row's q8_K: q8_0's operations over 256 values, the scale kept in f32; each 16
+// values' sum from the packed bytes (biased to unsigned, summed by psadbw).
+void quantize_q8_k_avx2(const float* x, void* out, size_t n) {
+  auto* b = static_cast<BlockQ8_K*>(out);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (size_t i = 0; i < n / 256; ++i) {
+    const float* xi = x + i * 256;
+    __m256 m8 = _mm256_andnot_ps(sign, _mm256_loadu_ps(xi));
+    for (int k = 1; k < 32; ++k)
+      m8 = _mm256_max_ps(m8, _mm256_andnot_ps(sign, _mm256_loadu_ps(xi + 8 * k)));
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float d = _mm_cvtss_f32(m) / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    b[i].d = d;
+    const __m256 scale = _mm256_set1_ps(id);
+    for (int g = 0; g < 8; ++g) {
+      __m256i q[4];
+      for (int k = 0; k < 4; ++k) {
+        q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xi + 32 * g + 8 * k), scale));
+      }
+      const __m256i bytes = pack_i8(q[0], q[1], q[2], q[3]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(b[i].qs + 32 * g), bytes);
+      // Four sums of eight (each byte plus 128), the two of each 16 added in lanes 0 and 2.
+      const __m256i eights =
+          _mm256_sad_epu8(_mm256_xor_si256(bytes, _mm256_set1_epi8(-128)), _mm256_setzero_si256());
+      const __m256i sixteens = _mm256_add_epi64(eights, _mm256_srli_si256(eights, 8));
+      b[i].bsums[2 * g] = static_cast<int16_t>(_mm256_extract_epi64(sixteens, 0) - 16 * 128);
+      b[i].bsums[2 * g + 1] = static_cast<int16_t>(_mm256_extract_epi64(sixteens, 2) - 16 * 128);
+    }
+  }
+}
+
 // F16C rounds to nearest even as f32_to_f16 does; a NaN keeps f32_to_f16's own bits.
 void to_f16_avx2(const float* x, uint16_t* out, size_t n) {
   size_t i = 0;
@@ -356,6 +390,7 @@ const KernelTable* avx2_kernels() {
       accumulate_f16_panels<Lanes>,
       accumulate_f16_queries_avx2,
       quantize_q8_0_avx2,
+      quantize_q8_k_avx2,
       to_f16_avx2,
       softmax_exp_avx2,
       silu_mul_avx2,

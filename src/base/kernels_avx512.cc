@@ -376,6 +376,7 @@ const KernelTable* avx512_kernels() {
       accumulate_f16_panels<Lanes>,
       accumulate_f16_queries_avx512,
       quantize_q8_0_avx2,
+      quantize_q8_k_avx2,
       to_f16_avx2,
       softmax_exp_avx512,
       silu_mul_avx512,

@@ -86,28 +86,53 @@ float dot_w_nibbles(const void* w, const void* x, size_t n) {
 
 #include "base/quant_unpack.h"
 
-// Weights of quant_unpack.h's types against q8_0 activations: per 16 elements, the scale times
-// the integer dot plus the offset times the integer sum of the activations.
+// Weights of quant_unpack.h's 32-element types against q8_0 activations: per 16 elements, the
+// scale times the integer dot plus the offset times the integer sum of the activations.
 template <class U>
 float dot_w_unpacked(const void* w, const void* x, size_t n) {
+  static_assert(U::kUnit == 32);
   const auto* a = static_cast<const typename U::Block*>(w);
   const auto* b = static_cast<const BlockQ8_0*>(x);
-  Unpacked<U::kUnit> up;
+  Unpacked<32> up;
   float sum = 0.0f;
-  for (size_t i = 0; i < n / U::kUnit; ++i) {
+  for (size_t i = 0; i < n / 32; ++i) {
     U::unpack(a[i], up);
-    for (int k = 0; k < U::kUnit / 16; ++k) {
-      const BlockQ8_0& xb = b[i * (U::kUnit / 32) + k / 2];
-      const int8_t* xs = xb.qs + 16 * (k % 2);
+    const float dx = f16_to_f32(b[i].d);
+    for (int k = 0; k < 2; ++k) {
+      const int8_t* xs = b[i].qs + 16 * k;
       int dot = 0, xsum = 0;
       for (int e = 0; e < 16; ++e) {
         dot += up.q[16 * k + e] * xs[e];
         xsum += xs[e];
       }
-      const float dx = f16_to_f32(xb.d);
       sum +=
           up.scale[k] * dx * static_cast<float>(dot) + up.offset[k] * dx * static_cast<float>(xsum);
     }
+  }
+  return sum;
+}
+
+// K-quant weights against q8_K activations: per super-block, the exact int32 sums S of each
+// 16 elements' integer dot times their integer scale and O of each offset times the 16
+// activations' sum, then (d * dx) * S + (offset_unit * dx) * O joins the row's sum.
+template <class U>
+float dot_w_super_blocks(const void* w, const void* x, size_t n) {
+  static_assert(U::kUnit == 256);
+  const auto* a = static_cast<const typename U::Block*>(w);
+  const auto* b = static_cast<const BlockQ8_K*>(x);
+  UnpackedK up;
+  float sum = 0.0f;
+  for (size_t i = 0; i < n / 256; ++i) {
+    U::unpack(a[i], up);
+    int32_t scaled = 0, offsets = 0;
+    for (int k = 0; k < 16; ++k) {
+      int32_t dot = 0;
+      for (int e = 0; e < 16; ++e) dot += up.q[16 * k + e] * b[i].qs[16 * k + e];
+      scaled += up.scale[k] * dot;
+      offsets += up.offset[k] * b[i].bsums[k];
+    }
+    sum += (up.d * b[i].d) * static_cast<float>(scaled) +
+           (up.offset_unit * b[i].d) * static_cast<float>(offsets);
   }
   return sum;
 }
@@ -143,6 +168,10 @@ void quantize_q8_0_scalar(const float* x, void* out, size_t n) {
   quantize_row(DType::Q8_0, x, out, n);
 }
 
+void quantize_q8_k_scalar(const float* x, void* out, size_t n) {
+  quantize_row(DType::Q8_K, x, out, n);
+}
+
 void to_f16_scalar(const float* x, uint16_t* out, size_t n) {
   quantize_row(DType::F16, x, out, n);
 }
@@ -171,9 +200,9 @@ const KernelTable& scalar_kernels() {
   static const KernelTable table = {
       {dot_w_f32, dot_w_f16, dot_w_bf16, dot_w_q8_0, dot_w_nibbles<BlockQ4_0, q4_0_level>,
        dot_w_unpacked<UnpackQ4_1>, dot_w_unpacked<UnpackQ5_0>, dot_w_unpacked<UnpackQ5_1>,
-       dot_w_unpacked<UnpackQ2_K>, dot_w_unpacked<UnpackQ3_K>, dot_w_unpacked<UnpackQ4_K>,
-       dot_w_unpacked<UnpackQ5_K>, dot_w_unpacked<UnpackQ6_K>,
-       dot_w_nibbles<BlockIQ4_NL, iq4_nl_level>},
+       dot_w_super_blocks<UnpackQ2_K>, dot_w_super_blocks<UnpackQ3_K>,
+       dot_w_super_blocks<UnpackQ4_K>, dot_w_super_blocks<UnpackQ5_K>,
+       dot_w_super_blocks<UnpackQ6_K>, dot_w_nibbles<BlockIQ4_NL, iq4_nl_level>},
       dot_f32_scalar,
       dot_f16_f32_scalar,
       axpy_f32_scalar,
@@ -185,6 +214,7 @@ const KernelTable& scalar_kernels() {
       accumulate_f16,
       accumulate_f16_queries,
       quantize_q8_0_scalar,
+      quantize_q8_k_scalar,
       to_f16_scalar,
       softmax_exp_scalar,
       silu_mul_scalar,

@@ -238,6 +238,8 @@ uint32_t synthetic_file_type(const SyntheticOptions& o) {
       return 25;
     case DType::BF16:
       return 32;
+    case DType::Q8_K:  // never a weight type (parse_dtype does not name it)
+      break;
   }
   return 0;
 }

@@ -55,6 +55,36 @@ TEST(DType, SizesMatchGgml) {
   EXPECT_EQ(parse_dtype("q5_k"), DType::Q5_K);
   EXPECT_EQ(parse_dtype("Q6_K"), DType::Q6_K);
   EXPECT_FALSE(parse_dtype("q8_k").has_value());
+  EXPECT_EQ(row_bytes(DType::Q8_K, 512), 584u);
+  EXPECT_EQ(dtype_name(DType::Q8_K), "q8_K");
+  EXPECT_TRUE(is_activation_only(DType::Q8_K));
+  EXPECT_FALSE(is_activation_only(DType::Q8_0));
+}
+
+// q8_K, the K-quant weights' activations: within half a step of each 256 values' scale (kept in
+// f32), and each 16 values' sum stored beside them.
+TEST(DType, Q8KRowsStayWithinHalfAStepAndCarryTheirSums) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  std::vector<float> x(512), back(512);
+  for (float& v : x) v = dist(rng);
+  std::vector<BlockQ8_K> q(2);
+  quantize_row(DType::Q8_K, x.data(), q.data(), x.size());
+  dequantize_row(DType::Q8_K, q.data(), back.data(), x.size());
+  for (size_t b = 0; b < 2; ++b) {
+    float amax = 0.0f;
+    for (int j = 0; j < 256; ++j) amax = std::max(amax, std::fabs(x[b * 256 + j]));
+    EXPECT_EQ(q[b].d, amax / 127.0f);
+    for (int j = 0; j < 256; ++j) {
+      EXPECT_NEAR(back[b * 256 + j], x[b * 256 + j], amax / 127.0f * 0.5f * 1.0001f)
+          << "element " << b * 256 + j;
+    }
+    for (int k = 0; k < 16; ++k) {
+      int sum = 0;
+      for (int j = 0; j < 16; ++j) sum += q[b].qs[16 * k + j];
+      EXPECT_EQ(q[b].bsums[k], sum) << "block " << b << " sum " << k;
+    }
+  }
 }
 
 // Quantisation error is bounded by half a step of each block's scale (plus the f16 rounding

@@ -180,6 +180,18 @@ TEST_P(GemmTest, PrefillSizedCallsEqualTheSingleRowDot) {
 // Sets every activation to +-127 and checks every tile output against the single-row dot.
 void expect_extreme_activations_equal_the_single_row_dot(Operands& ops, std::mt19937& rng) {
   for (size_t r = 0; r < ops.n_x; ++r) {
+    if (kernels::activation_type(ops.wt) == DType::Q8_K) {
+      auto* q = reinterpret_cast<BlockQ8_K*>(&ops.x[r * ops.x_stride]);
+      for (size_t b = 0; b < ops.n / 256; ++b) {
+        for (int8_t& v : q[b].qs) v = (rng() & 1) ? -127 : 127;
+        for (int k = 0; k < 16; ++k) {
+          int sum = 0;
+          for (int e = 0; e < 16; ++e) sum += q[b].qs[16 * k + e];
+          q[b].bsums[k] = static_cast<int16_t>(sum);
+        }
+      }
+      continue;
+    }
     auto* q = reinterpret_cast<BlockQ8_0*>(&ops.x[r * ops.x_stride]);
     for (size_t b = 0; b < ops.n / 32; ++b) {
       for (int8_t& v : q[b].qs) v = (rng() & 1) ? -127 : 127;
@@ -371,47 +383,31 @@ TEST(GemmAvx2, IntegerTypesSumInTheirDocumentedOrder) {
 
 // The order the SIMD K-quant tiles sum in (gemm_avx512.cc's KQuantTile512 over 16 lanes,
 // gemm_unpacked.h's KQuantTile256 over 8), written out one scalar at a time from the scalar
-// unpacking: per super-block each lane's partial starts from the offsets against the
-// activations' 16-element sums (16 lanes: one product each; 8 lanes: the second half's product
-// added to the first's by one fused multiply-add), then takes (w_scale * x_scale) * I for each
-// step in order, I the exact int32 dot of the lane's four values; the partial joins the lane's
-// total; the lanes are summed as hsum512 (16) or hsum256 (8) sums them.
+// unpacking: per super-block, lane l's exact integer S_l sums scale[e / 16] * q[e] * x[e] over
+// the elements e whose four fall in lane l (e % (4 lanes) / 4 == l), and O_l (l < 8; 0 above)
+// the offsets of sub-blocks 2l and 2l + 1 times the activations' sums of those 16 elements;
+// the lane's partial is fma(O_l, unit * dx, S_l * (d * dx)), which joins the lane's total; the
+// lanes are summed as hsum512 (16) or hsum256 (8) sums them.
 template <class U>
 float k_quant_reference(int lanes, const uint8_t* w, const uint8_t* x, size_t n) {
   const auto* wb = reinterpret_cast<const typename U::Block*>(w);
-  const auto* xb = reinterpret_cast<const BlockQ8_0*>(x);
-  std::vector<float> total(lanes, 0.0f), part(lanes);
+  const auto* xb = reinterpret_cast<const BlockQ8_K*>(x);
+  std::vector<float> total(lanes, 0.0f);
   for (size_t s = 0; s < n / 256; ++s) {
     UnpackedK up;
     U::unpack(wb[s], up);
-    float dx[8], sums[16], ws[16], off[16];
-    const int8_t* xv[8];
-    for (int g = 0; g < 8; ++g) {
-      dx[g] = f16_to_f32(xb[8 * s + g].d);
-      xv[g] = xb[8 * s + g].qs;
-      for (int h = 0; h < 2; ++h) {
-        int sum = 0;
-        for (int i = 0; i < 16; ++i) sum += xv[g][16 * h + i];
-        sums[2 * g + h] = dx[g] * static_cast<float>(sum);
-      }
+    const BlockQ8_K& xs = xb[s];
+    std::vector<int32_t> scaled(lanes, 0), offsets(lanes, 0);
+    for (int e = 0; e < 256; ++e) {
+      scaled[e % (4 * lanes) / 4] += up.scale[e / 16] * up.q[e] * xs.qs[e];
     }
-    for (int m = 0; m < 16; ++m) {
-      ws[m] = up.d * static_cast<float>(up.scale[m]);
-      off[m] = up.offset_unit * static_cast<float>(up.offset[m]);
+    for (int l = 0; l < 8; ++l) {
+      offsets[l] = up.offset[2 * l] * xs.bsums[2 * l] + up.offset[2 * l + 1] * xs.bsums[2 * l + 1];
     }
     for (int l = 0; l < lanes; ++l) {
-      part[l] =
-          lanes == 16 ? off[l] * sums[l] : std::fma(off[8 + l], sums[8 + l], off[l] * sums[l]);
+      total[l] += std::fma(static_cast<float>(offsets[l]), up.offset_unit * xs.d,
+                           static_cast<float>(scaled[l]) * (up.d * xs.d));
     }
-    for (int step = 0; step < 256 / (4 * lanes); ++step) {
-      for (int l = 0; l < lanes; ++l) {
-        const int e = 4 * lanes * step + 4 * l;
-        int32_t dot = 0;
-        for (int k = 0; k < 4; ++k) dot += up.q[e + k] * xv[(e + k) / 32][(e + k) % 32];
-        part[l] = std::fma(ws[e / 16] * dx[e / 32], static_cast<float>(dot), part[l]);
-      }
-    }
-    for (int l = 0; l < lanes; ++l) total[l] += part[l];
   }
   for (int width = lanes; width > 1; width /= 2) {
     for (int i = 0; i < width / 2; ++i) total[i] += total[i + width / 2];

@@ -38,6 +38,7 @@ TEST(Kernels, DotMatchesReferenceOnEveryIsa) {
     kernels::set_isa(isa);
     for (int type = 0; type < kDTypeCount; ++type) {
       const auto wt = static_cast<DType>(type);
+      if (is_activation_only(wt)) continue;
       for (size_t n : {32u, 64u, 96u, 160u, 256u, 2048u, 5632u}) {
         if (n % static_cast<size_t>(block_elements(wt)) != 0) continue;
         if (block_elements(wt) == 1) n += 7;  // ragged lengths exercise the scalar tails
@@ -58,8 +59,8 @@ TEST(Kernels, DotMatchesReferenceOnEveryIsa) {
   }
 }
 
-// The forward pass's row conversions (activations to q8_0, keys and values to f16 or q8_0) write
-// quantize_row's bytes on every instruction set: magnitudes from subnormal to f16's overflow,
+// The forward pass's row conversions (activations to q8_0 and q8_K, keys and values to f16 or q8_0)
+// write quantize_row's bytes on every instruction set: magnitudes from subnormal to f16's overflow,
 // zero blocks, exact halves (which round to even), infinities and NaNs for f16.
 TEST(Kernels, RowConversionsAreQuantizeRowsBytesOnEveryIsa) {
   IsaGuard guard;
@@ -81,6 +82,11 @@ TEST(Kernels, RowConversionsAreQuantizeRowsBytesOnEveryIsa) {
   special[5] = INFINITY;
   special[40] = -INFINITY;
   special[77] = NAN;
+  // q8_K's 256-value blocks: the first 2,048 values, an all-zero block and one of ties.
+  std::vector<float> super(x.begin(), x.begin() + 2048);
+  for (int i = 0; i < 256; ++i) super.push_back(i % 2 == 0 ? 0.0f : -0.0f);
+  for (int i = 0; i < 256; ++i)
+    super.push_back(i == 0 ? 127.0f : static_cast<float>(i % 64) - 31.5f);
   for (Isa isa : supported_isas()) {
     kernels::set_isa(isa);
     const size_t whole = n / 32 * 32;
@@ -88,6 +94,10 @@ TEST(Kernels, RowConversionsAreQuantizeRowsBytesOnEveryIsa) {
     quantize_row(DType::Q8_0, x.data(), want.data(), whole);
     kernels::quantize(DType::Q8_0, x.data(), got.data(), whole);
     EXPECT_EQ(want, got) << kernels::isa_name(isa) << " q8_0";
+    std::vector<uint8_t> want_k(row_bytes(DType::Q8_K, super.size())), got_k(want_k.size());
+    quantize_row(DType::Q8_K, super.data(), want_k.data(), super.size());
+    kernels::quantize(DType::Q8_K, super.data(), got_k.data(), super.size());
+    EXPECT_EQ(want_k, got_k) << kernels::isa_name(isa) << " q8_K";
     for (const auto* row : {&x, &special}) {
       std::vector<uint8_t> want16(row_bytes(DType::F16, n)), got16(want16.size());
       quantize_row(DType::F16, row->data(), want16.data(), n);
