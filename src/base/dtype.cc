@@ -358,6 +358,7 @@ void quantize_row(DType t, const float* src, void* dst, size_t n) {
         const float d = amax / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         b[i].d = d;
+        std::memset(b[i].padding, 0, sizeof b[i].padding);
         for (int j = 0; j < 256; ++j) b[i].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
         for (int k = 0; k < 16; ++k) {
           int sum = 0;

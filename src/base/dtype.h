@@ -62,15 +62,18 @@ struct BlockQ8_0 {
 };
 static_assert(sizeof(BlockQ8_0) == 34);
 
-// q8_K (GGML's layout): 256 int8 values sharing one f32 scale, and the sum of each 16 of them;
-// value = d * qs[i]. The K-quant weights' activations: one scale per super-block lets a
-// super-block's products, scaled by the weights' integer sub-block scales, sum exactly in int32.
+// q8_K: 256 int8 values sharing one f32 scale, and the sum of each 16 of them; value = d *
+// qs[i]. The K-quant weights' activations: one scale per super-block lets a super-block's
+// products, scaled by the weights' integer sub-block scales, sum exactly in int32. GGML's
+// fields, laid out on five whole cache lines (the values first, the rest zero-padded), so that
+// in a row that starts on a line no wide load of the values spans two.
 struct BlockQ8_K {
-  float d;
   int8_t qs[256];
   int16_t bsums[16];
+  float d;
+  uint8_t padding[28];
 };
-static_assert(sizeof(BlockQ8_K) == 292);
+static_assert(sizeof(BlockQ8_K) == 320);
 
 // q4_0: 32 4-bit values sharing one f16 scale; value = d * (nibble - 8).
 // Byte j holds element j in its low nibble and element j + 16 in its high nibble.

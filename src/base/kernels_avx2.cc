@@ -341,6 +341,7 @@ void quantize_q8_k_avx2(const float* x, void* out, size_t n) {
     const float d = _mm_cvtss_f32(m) / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     b[i].d = d;
+    __builtin_memset(b[i].padding, 0, sizeof b[i].padding);
     const __m256 scale = _mm256_set1_ps(id);
     for (int g = 0; g < 8; ++g) {
       __m256i q[4];

@@ -55,7 +55,7 @@ TEST(DType, SizesMatchGgml) {
   EXPECT_EQ(parse_dtype("q5_k"), DType::Q5_K);
   EXPECT_EQ(parse_dtype("Q6_K"), DType::Q6_K);
   EXPECT_FALSE(parse_dtype("q8_k").has_value());
-  EXPECT_EQ(row_bytes(DType::Q8_K, 512), 584u);
+  EXPECT_EQ(row_bytes(DType::Q8_K, 512), 640u);
   EXPECT_EQ(dtype_name(DType::Q8_K), "q8_K");
   EXPECT_TRUE(is_activation_only(DType::Q8_K));
   EXPECT_FALSE(is_activation_only(DType::Q8_0));
