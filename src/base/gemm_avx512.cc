@@ -519,8 +519,10 @@ struct Direct512<UnpackQ6_K> {
 // keeps them below 2^15) and then vpdpwssd with the sub-blocks' integer scales, lane l summing
 // elements 64p + 4l..64p + 4l + 3 of every pair p into the exact int32 S_l; the offsets against
 // the activations' 16 sums give the exact O_l in lanes 0-7 (offset_sums, 0 above). The
-// super-block's partial (d dx) S_l + (unit dx) O_l (one product, one fused multiply-add) joins
-// the output's sum, so the chain carried from one super-block to the next is one addition.
+// super-block's partial (d dx) S_l + (unit dx) O_l (one product, one fused multiply-add), or
+// (d dx) (S_l + O_l) where the offsets are in units of d (q3_K, q6_K: O_l starts the integer
+// sum), joins the output's sum, so the chain carried from one super-block to the next is one
+// addition.
 // The same operations for every output whatever the tile's shape.
 template <class U, int Rows, int Cols>
 struct KQuantTile512 {
@@ -562,17 +564,19 @@ struct KQuantTile512 {
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
           const BlockQ8_K& px = b[r][s];
-          __m512i sum =
-              _mm512_madd_epi16(_mm512_maddubs_epi16(wq[0], _mm512_loadu_si512(px.qs)), wscale[0]);
+          // Offsets in units of d start the integer sum; others are converted on their own.
+          __m512i sum = U::kOffsetsInScaleUnits ? _mm512_zextsi256_si512(offset_sums(k, px))
+                                                : _mm512_setzero_si512();
 #pragma GCC unroll 4
-          for (int p = 1; p < 4; ++p) {
+          for (int p = 0; p < 4; ++p) {
             sum = _mm512_dpwssd_epi32(
                 sum, _mm512_maddubs_epi16(wq[p], _mm512_loadu_si512(px.qs + 64 * p)), wscale[p]);
           }
-          const __m512 offsets = _mm512_zextps256_ps512(_mm256_cvtepi32_ps(offset_sums(k, px)));
-          const __m512 part =
-              _mm512_fmadd_ps(offsets, _mm512_set1_ps(k.unit * px.d),
-                              _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(k.d * px.d)));
+          __m512 part = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(k.d * px.d));
+          if constexpr (!U::kOffsetsInScaleUnits) {
+            part = _mm512_fmadd_ps(_mm512_zextps256_ps512(_mm256_cvtepi32_ps(offset_sums(k, px))),
+                                   _mm512_set1_ps(k.unit * px.d), part);
+          }
           acc[r][j] = _mm512_add_ps(acc[r][j], part);
         }
       }

@@ -297,12 +297,13 @@ struct Direct256<UnpackQ6_K> {
     return _mm256_or_si256(nibble,
                            _mm256_and_si256(bit_to_four(top, 2 * q), _mm256_set1_epi8(0x30)));
   }
-  // The values are stored plus 32: each sub-block's offset is -32 times its scale.
+  // The values are stored plus 32: each sub-block's offset is -32 times its scale, in units of
+  // d (UnpackQ6_K's form).
   static KScales scales(const BlockQ6_K& b) {
     const __m256i sc =
         _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
     const float d = half(b.d);
-    return {sc, sc, d, -32.0f * d};
+    return {sc, _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc, 5)), d, d};
   }
 };
 
@@ -328,9 +329,10 @@ inline __m256i offset_sums(const KScales& k, const BlockQ8_K& x) {
 // keeps them below 2^15) and then madd with the sub-blocks' integer scales, lane l summing
 // elements 32g + 4l..32g + 4l + 3 of every group g into the exact int32 S_l; the offsets against
 // the activations' 16 sums give the exact O_l (offset_sums). The super-block's partial
-// (d dx) S_l + (unit dx) O_l (one product, one fused multiply-add) joins the output's sum, so
-// the chain carried from one super-block to the next is one addition. The same operations for
-// every output whatever the tile's shape.
+// (d dx) S_l + (unit dx) O_l (one product, one fused multiply-add), or (d dx) (S_l + O_l) where
+// the offsets are in units of d (q3_K, q6_K), joins the output's sum, so the chain carried from
+// one super-block to the next is one addition. The same operations for every output whatever
+// the tile's shape.
 template <class U, int Rows, int Cols>
 struct KQuantTile256 {
   static_assert(U::kUnit == 256);
@@ -382,9 +384,16 @@ struct KQuantTile256 {
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
           const float dx = b[r][s].d;
-          const __m256 part = _mm256_fmadd_ps(
-              _mm256_cvtepi32_ps(offset_sums(k, b[r][s])), _mm256_set1_ps(k.unit * dx),
-              _mm256_mul_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_set1_ps(k.d * dx)));
+          __m256 part;
+          if constexpr (U::kOffsetsInScaleUnits) {
+            part =
+                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(sum[r], offset_sums(k, b[r][s]))),
+                              _mm256_set1_ps(k.d * dx));
+          } else {
+            part = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(offset_sums(k, b[r][s])), _mm256_set1_ps(k.unit * dx),
+                _mm256_mul_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_set1_ps(k.d * dx)));
+          }
           acc[r][j] = _mm256_add_ps(acc[r][j], part);
         }
       }

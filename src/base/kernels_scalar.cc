@@ -114,7 +114,8 @@ float dot_w_unpacked(const void* w, const void* x, size_t n) {
 
 // K-quant weights against q8_K activations: per super-block, the exact int32 sums S of each
 // 16 elements' integer dot times their integer scale and O of each offset times the 16
-// activations' sum, then (d * dx) * S + (offset_unit * dx) * O joins the row's sum.
+// activations' sum, then (d * dx) * S + (offset_unit * dx) * O joins the row's sum, or
+// (d * dx) * (S + O) where the offsets are in units of d.
 template <class U>
 float dot_w_super_blocks(const void* w, const void* x, size_t n) {
   static_assert(U::kUnit == 256);
@@ -131,8 +132,12 @@ float dot_w_super_blocks(const void* w, const void* x, size_t n) {
       scaled += up.scale[k] * dot;
       offsets += up.offset[k] * b[i].bsums[k];
     }
-    sum += (up.d * b[i].d) * static_cast<float>(scaled) +
-           (up.offset_unit * b[i].d) * static_cast<float>(offsets);
+    if constexpr (U::kOffsetsInScaleUnits) {
+      sum += (up.d * b[i].d) * static_cast<float>(scaled + offsets);
+    } else {
+      sum += (up.d * b[i].d) * static_cast<float>(scaled) +
+             (up.offset_unit * b[i].d) * static_cast<float>(offsets);
+    }
   }
   return sum;
 }

@@ -18,9 +18,11 @@ struct Unpacked {
 };
 
 // A K super-block with its scales still integers, for kernels that convert them 16 at a time:
-// element e = (d * scale[e / 16]) * q[e] + offset_unit * offset[e / 16]. Each format's offset
-// is an integer times one f16 unit (times a power of two), so this is one rounding, as in the
-// Unpacked<256> form. (q4_K, q5_K and q6_K are also unpacked straight into registers by the
+// element e = (d * scale[e / 16]) * q[e] + offset_unit * offset[e / 16]. Where the unpacker's
+// kOffsetsInScaleUnits is true, offset_unit is d itself (the offsets carry the bias of a signed
+// format), so a super-block's offsets and scaled products sum together in integers. Each format's
+// offset is an integer times one f16 unit (times a power of two), so this is one rounding, as in
+// the Unpacked<256> form. (q4_K, q5_K and q6_K are also unpacked straight into registers by the
 // GEMM files, for speed; the values are the same.)
 struct UnpackedK {
   alignas(64) uint8_t q[256];
@@ -113,6 +115,7 @@ inline void unpack_two_bits(const uint8_t* qs, uint8_t* q) {
 struct UnpackQ2_K {
   using Block = BlockQ2_K;
   static constexpr int kUnit = 256;
+  static constexpr bool kOffsetsInScaleUnits = false;
   static void unpack(const Block& b, UnpackedK& out) {
     unpack_two_bits(b.qs, out.q);
     for (int k = 0; k < 16; ++k) {
@@ -128,6 +131,7 @@ struct UnpackQ2_K {
 struct UnpackQ3_K {
   using Block = BlockQ3_K;
   static constexpr int kUnit = 256;
+  static constexpr bool kOffsetsInScaleUnits = true;
   static void unpack(const Block& b, UnpackedK& out) {
     unpack_two_bits(b.qs, out.q);
     for (int h = 0; h < 2; ++h) {
@@ -177,6 +181,7 @@ inline void k4_subblocks(const B& b, UnpackedK& out) {
 struct UnpackQ4_K {
   using Block = BlockQ4_K;
   static constexpr int kUnit = 256;
+  static constexpr bool kOffsetsInScaleUnits = false;
   static void unpack(const Block& b, Unpacked<256>& out) { unpack_k<UnpackQ4_K>(b, out); }
   static void unpack(const Block& b, UnpackedK& out) {
     for (int c = 0; c < 4; ++c) {
@@ -192,6 +197,7 @@ struct UnpackQ4_K {
 struct UnpackQ5_K {
   using Block = BlockQ5_K;
   static constexpr int kUnit = 256;
+  static constexpr bool kOffsetsInScaleUnits = false;
   static void unpack(const Block& b, Unpacked<256>& out) { unpack_k<UnpackQ5_K>(b, out); }
   static void unpack(const Block& b, UnpackedK& out) {
     for (int c = 0; c < 4; ++c) {
@@ -209,6 +215,7 @@ struct UnpackQ5_K {
 struct UnpackQ6_K {
   using Block = BlockQ6_K;
   static constexpr int kUnit = 256;
+  static constexpr bool kOffsetsInScaleUnits = true;
   static void unpack(const Block& b, Unpacked<256>& out) { unpack_k<UnpackQ6_K>(b, out); }
   static void unpack(const Block& b, UnpackedK& out) {
     for (int h = 0; h < 2; ++h) {

@@ -386,8 +386,9 @@ TEST(GemmAvx2, IntegerTypesSumInTheirDocumentedOrder) {
 // unpacking: per super-block, lane l's exact integer S_l sums scale[e / 16] * q[e] * x[e] over
 // the elements e whose four fall in lane l (e % (4 lanes) / 4 == l), and O_l (l < 8; 0 above)
 // the offsets of sub-blocks 2l and 2l + 1 times the activations' sums of those 16 elements;
-// the lane's partial is fma(O_l, unit * dx, S_l * (d * dx)), which joins the lane's total; the
-// lanes are summed as hsum512 (16) or hsum256 (8) sums them.
+// the lane's partial is fma(O_l, unit * dx, S_l * (d * dx)), or (S_l + O_l) * (d * dx) where
+// the offsets are in units of d (q3_K, q6_K), which joins the lane's total; the lanes are
+// summed as hsum512 (16) or hsum256 (8) sums them.
 template <class U>
 float k_quant_reference(int lanes, const uint8_t* w, const uint8_t* x, size_t n) {
   const auto* wb = reinterpret_cast<const typename U::Block*>(w);
@@ -405,8 +406,12 @@ float k_quant_reference(int lanes, const uint8_t* w, const uint8_t* x, size_t n)
       offsets[l] = up.offset[2 * l] * xs.bsums[2 * l] + up.offset[2 * l + 1] * xs.bsums[2 * l + 1];
     }
     for (int l = 0; l < lanes; ++l) {
-      total[l] += std::fma(static_cast<float>(offsets[l]), up.offset_unit * xs.d,
-                           static_cast<float>(scaled[l]) * (up.d * xs.d));
+      if constexpr (U::kOffsetsInScaleUnits) {
+        total[l] += static_cast<float>(scaled[l] + offsets[l]) * (up.d * xs.d);
+      } else {
+        total[l] += std::fma(static_cast<float>(offsets[l]), up.offset_unit * xs.d,
+                             static_cast<float>(scaled[l]) * (up.d * xs.d));
+      }
     }
   }
   for (int width = lanes; width > 1; width /= 2) {
