@@ -162,6 +162,19 @@ struct Q4Weights {
   static __m256i unsigned_values(const Block& b) { return nibbles(b.qs); }
 };
 
+// q5_0's values are five bits minus 16: taken unsigned as q4_0's (31 * 127 * 2 < 2^15).
+struct Q5Weights {
+  using Block = BlockQ5_0;
+  static constexpr bool kUnsigned = true;
+  static constexpr int kBias = 16;  // the five bits are w + 16
+  static __m256i values(const Block& b) {
+    return _mm256_sub_epi8(unsigned_values(b), _mm256_set1_epi8(16));
+  }
+  static __m256i unsigned_values(const Block& b) {
+    return _mm256_or_si256(nibbles(b.qs), unpack_fifth_bits(b.qh));
+  }
+};
+
 // iq4_nl: q4_0's nibbles looked up in the table of levels (in both 128-bit lanes).
 struct IQ4NLWeights {
   using Block = BlockIQ4_NL;
@@ -568,7 +581,7 @@ const GemmTable* avx2_gemm() {
       GroupedInt<Q8Weights>::gemm,
       GroupedInt<Q4Weights>::gemm,
       gemm_tiled<UnpackedTile<UnpackQ4_1, 3, 2>>,
-      gemm_tiled<UnpackedTile<UnpackQ5_0, 3, 2>>,
+      GroupedInt<Q5Weights>::gemm,
       gemm_tiled<UnpackedTile<UnpackQ5_1, 3, 2>>,
       gemm_tiled<KQuantTile256<UnpackQ2_K, 3, 2>>,
       gemm_tiled<KQuantTile256<UnpackQ3_K, 3, 2>>,

@@ -255,6 +255,28 @@ struct Q4Weights {
   }
 };
 
+// q5_0's values are five bits minus 16: q4_0's nibbles plus 16 where qh's bit of the element is
+// set (one masked addition, qh's bits the mask), taken unsigned as q4_0's.
+struct Q5Weights {
+  using Block = BlockQ5_0;
+  static constexpr int kBiasShift = 4;  // u = w + 16, the five bits
+  static constexpr bool kNarrowUnsigned = true;
+  static __m256i values(const Block& b) {
+    const __m256i low = nibbles(b.qs);
+    return _mm256_sub_epi8(
+        _mm256_mask_add_epi8(low, _cvtu32_mask32(load_u32_le(b.qh)), low, _mm256_set1_epi8(16)),
+        _mm256_set1_epi8(16));
+  }
+  static __m512i pair_unsigned(const Block& b0, const Block& b1) {
+    const __m512i low = nibble_pair(b0.qs, b1.qs);
+    const uint64_t fifth = load_u32_le(b0.qh) | static_cast<uint64_t>(load_u32_le(b1.qh)) << 32;
+    return _mm512_mask_add_epi8(low, _cvtu64_mask64(fifth), low, _mm512_set1_epi8(16));
+  }
+  static __m512i pair_signed(const Block& b0, const Block& b1) {
+    return _mm512_sub_epi8(pair_unsigned(b0, b1), _mm512_set1_epi8(16));
+  }
+};
+
 // iq4_nl: q4_0's nibbles looked up in the table of levels, plus 128 for the unsigned form (the
 // table in every 128-bit lane, as vpshufb looks up within lanes).
 struct IQ4NLWeights {
@@ -522,8 +544,7 @@ struct Direct512<UnpackQ6_K> {
 // super-block's partial (d dx) S_l + (unit dx) O_l (one product, one fused multiply-add), or
 // (d dx) (S_l + O_l) where the offsets are in units of d (q3_K, q6_K: O_l starts the integer
 // sum), joins the output's sum, so the chain carried from one super-block to the next is one
-// addition.
-// The same operations for every output whatever the tile's shape.
+// addition. The same operations for every output whatever the tile's shape.
 template <class U, int Rows, int Cols>
 struct KQuantTile512 {
   static_assert(U::kUnit == 256);
@@ -605,7 +626,7 @@ const GemmTable* avx512_gemm() {
       gemm_tiled<IntTile<Q8Weights>>,
       gemm_tiled<IntTile<Q4Weights>>,
       gemm_tiled<UnpackedTile<UnpackQ4_1, 4, 3>>,
-      gemm_tiled<UnpackedTile<UnpackQ5_0, 4, 3>>,
+      gemm_tiled<IntTile<Q5Weights>>,
       gemm_tiled<UnpackedTile<UnpackQ5_1, 4, 3>>,
       gemm_tiled<KQuantTile512<UnpackQ2_K, 4, 3>>,
       gemm_tiled<KQuantTile512<UnpackQ3_K, 4, 3>>,

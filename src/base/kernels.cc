@@ -136,7 +136,8 @@ size_t activation_row_bytes(DType w, size_t n) {
 // keys scored over their exact values, as f32 keys are; 4: AVX2's integer weight types summed
 // block by block across eight weight rows; 5: SwiGLU's gate through softmax's exponential; 6:
 // K-quant weights summed a super-block apart before joining a row's sum, AVX2 and AVX-512; 7:
-// K-quant weights against q8_K activations, each super-block summed in integers).
+// K-quant weights against q8_K activations, each super-block summed in integers; q5_0 weights in
+// the integer tiles of q4_0, AVX2 and AVX-512).
 constexpr int kArithmeticVersion = 7;
 
 std::string arithmetic_identity() {

@@ -325,6 +325,11 @@ TEST_P(GemmTest, RandomBlockBytesMatchTheDequantizedRows) {
 // The integer value of element e of a 32-element block of weight type t.
 int weight_value(DType t, const uint8_t* block, int e) {
   if (t == DType::Q8_0) return reinterpret_cast<const BlockQ8_0*>(block)->qs[e];
+  if (t == DType::Q5_0) {
+    const auto* b = reinterpret_cast<const BlockQ5_0*>(block);
+    const int nibble = e < 16 ? b->qs[e] & 0x0f : b->qs[e - 16] >> 4;
+    return (nibble | ((b->qh[e / 8] >> (e % 8)) & 1) << 4) - 16;
+  }
   const uint8_t* qs = t == DType::Q4_0 ? reinterpret_cast<const BlockQ4_0*>(block)->qs
                                        : reinterpret_cast<const BlockIQ4_NL*>(block)->qs;
   const int nibble = e < 16 ? qs[e] & 0x0f : qs[e - 16] >> 4;
@@ -362,7 +367,7 @@ TEST(GemmAvx2, IntegerTypesSumInTheirDocumentedOrder) {
   IsaGuard guard;
   kernels::set_isa(Isa::kAvx2);
   kernels::set_gemm_tiles(true);
-  for (DType wt : {DType::Q8_0, DType::Q4_0, DType::IQ4_NL}) {
+  for (DType wt : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::IQ4_NL}) {
     for (size_t n : {32u, 224u, 256u, 288u, 2080u}) {
       for (size_t n_x : {1u, 4u, 5u, 18u}) {
         const Operands ops(wt, n, 13, n_x, static_cast<uint32_t>(n + n_x));
