@@ -282,7 +282,9 @@ struct Q5Weights {
 struct IQ4NLWeights {
   using Block = BlockIQ4_NL;
   static constexpr int kBiasShift = 7;  // u = w + 128
-  static constexpr bool kNarrowUnsigned = false;
+  // The unsigned levels come from the same one lookup as the signed ones, so the second dpbusd
+  // costs less than the signs' mask and absolute value (one row, from the cache: 24 -> 26 GB/s).
+  static constexpr bool kNarrowUnsigned = true;
   static __m128i levels() {
     return _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues));
   }
