@@ -29,7 +29,7 @@ namespace {
 #include "base/quant_unpack.h"
 
 // Unsigned x signed bytes, four products per int32 lane; exact while each pair stays below
-// 2^15 (unpacked weights are below 64).
+// 2^15 (the integer tiles' magnitudes or values below 32 against activations within 127).
 inline __m256i dot_u8s8(__m256i u, __m256i x) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
 }
@@ -175,6 +175,44 @@ struct Q5Weights {
   }
 };
 
+// q4_1 and q5_1: value = d q + m, q unsigned (nibbles, five bits) taken as it is; the minimum
+// comes in as a second term per block, (m dx) times the block's activation sum (kMinimum).
+struct Q41Weights {
+  using Block = BlockQ4_1;
+  static constexpr bool kUnsigned = true;
+  static constexpr bool kMinimum = true;
+  static constexpr int kBias = 0;
+  static __m256i unsigned_values(const Block& b) { return nibbles(b.qs); }
+};
+
+struct Q51Weights {
+  using Block = BlockQ5_1;
+  static constexpr bool kUnsigned = true;
+  static constexpr bool kMinimum = true;
+  static constexpr int kBias = 0;
+  static __m256i unsigned_values(const Block& b) {
+    return _mm256_or_si256(nibbles(b.qs), unpack_fifth_bits(b.qh));
+  }
+};
+
+// Whether W's blocks carry a minimum (q4_1, q5_1).
+template <class W>
+constexpr bool has_minimum() {
+  if constexpr (requires { W::kMinimum; }) {
+    return W::kMinimum;
+  } else {
+    return false;
+  }
+}
+
+// A laid-out group's eight minima, for weights that have them (none otherwise).
+template <bool kMinimum>
+struct GroupMinima {};
+template <>
+struct GroupMinima<true> {
+  float m[8];
+};
+
 // iq4_nl: q4_0's nibbles looked up in the table of levels (in both 128-bit lanes).
 struct IQ4NLWeights {
   using Block = BlockIQ4_NL;
@@ -199,7 +237,8 @@ struct IQ4NLWeights {
 // The order every output of these types is summed in, whatever computes it (the tile, the
 // narrow column, a single dot): a block's products as one exact int32 I_b (at most
 // 32 * 128 * 127 in magnitude, so its float is exact); its term P_b = (d_w * d_x) * I_b, two
-// rounded products; the terms of each group of eight blocks summed as hsum256 sums its lanes,
+// rounded products (for weights with a minimum, fma(m_w * d_x, X_b, that), X_b the block's
+// activation sum); the terms of each group of eight blocks summed as hsum256 sums its lanes,
 // ((P0 + P4) + (P2 + P6)) + ((P1 + P5) + (P3 + P7)), a missing block's term +0; and the groups'
 // sums added in block order to a total that starts at +0.
 template <class W>
@@ -215,9 +254,9 @@ struct GroupedInt {
     }
   }
 
-  // Eight weight rows' block b: their scales, and vector l holding values 4l..4l+3 of each row
-  // (row c in lane c).
-  struct Group {
+  // Eight weight rows' block b: their scales (and minima), and vector l holding values
+  // 4l..4l+3 of each row (row c in lane c).
+  struct Group : GroupMinima<has_minimum<W>()> {
     float d[8];
     __m256i v[8];
   };
@@ -231,6 +270,9 @@ struct GroupedInt {
       for (int c = 0; c < 8; ++c) r[c] = c < cols ? laid(rows[c][b]) : _mm256_setzero_si256();
       transpose_lanes(r, out[b].v);
       _mm256_store_ps(out[b].d, eight_scales([&](int c) { return c < cols ? rows[c][b].d : 0; }));
+      if constexpr (has_minimum<W>()) {
+        _mm256_store_ps(out[b].m, eight_scales([&](int c) { return c < cols ? rows[c][b].m : 0; }));
+      }
     }
   }
 
@@ -303,7 +345,7 @@ struct GroupedInt {
         sums[r] = l == 0 ? q : _mm256_add_epi32(sums[r], q);
       }
     }
-    if constexpr (W::kUnsigned) {
+    if constexpr (W::kUnsigned && !has_minimum<W>()) {
       for (int r = 0; r < MR; ++r) {
         sums[r] = _mm256_add_epi32(sums[r], _mm256_set1_epi32(x.sums[r][b]));
       }
@@ -313,6 +355,14 @@ struct GroupedInt {
     for (int r = 0; r < MR; ++r) {
       p[r] = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x.scales[r][b])),
                            _mm256_cvtepi32_ps(sums[r]));
+    }
+    if constexpr (has_minimum<W>()) {
+      const __m256 mw = _mm256_load_ps(g.m);
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        p[r] = _mm256_fmadd_ps(_mm256_mul_ps(mw, _mm256_set1_ps(x.scales[r][b])),
+                               _mm256_set1_ps(static_cast<float>(x.sums[r][b])), p[r]);
+      }
     }
   }
 
@@ -358,7 +408,9 @@ struct GroupedInt {
   // What the activation rows' block sums are multiplied by: -bias where the weights go in
   // unsigned (their value plus the bias), so that adding them corrects each block's int32.
   static constexpr int32_t bias_factor() {
-    if constexpr (W::kUnsigned) {
+    if constexpr (has_minimum<W>()) {
+      return 1;  // the plain sums, for the minimum's term
+    } else if constexpr (W::kUnsigned) {
       return -W::kBias;
     } else {
       return 0;
@@ -406,7 +458,7 @@ struct GroupedInt {
       sums[r] = _mm256_add_epi32(_mm256_permute2x128_si256(quads[0][r], quads[1][r], 0x20),
                                  _mm256_permute2x128_si256(quads[0][r], quads[1][r], 0x31));
     }
-    if constexpr (W::kUnsigned) {
+    if constexpr (W::kUnsigned && !has_minimum<W>()) {
       const __m256i present = lanes_below(count);
       for (int r = 0; r < MR; ++r) {
         sums[r] = _mm256_add_epi32(sums[r], _mm256_maskload_epi32(x.sums[r] + t, present));
@@ -426,7 +478,15 @@ struct GroupedInt {
     for (int r = 0; r < MR; ++r) {
       const __m256 dx = count == 8 ? _mm256_loadu_ps(x.scales[r] + t)
                                    : _mm256_maskload_ps(x.scales[r] + t, present);
-      total[r] += hsum256(_mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(sums[r])));
+      __m256 p = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(sums[r]));
+      if constexpr (has_minimum<W>()) {
+        const __m256 mw = eight_scales([&](int j) { return j < count ? a[t + j].m : 0; });
+        const __m256i xsums =
+            count == 8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums[r] + t))
+                       : _mm256_maskload_epi32(x.sums[r] + t, present);
+        p = _mm256_fmadd_ps(_mm256_mul_ps(mw, dx), _mm256_cvtepi32_ps(xsums), p);
+      }
+      total[r] += hsum256(p);
     }
   }
 
@@ -580,9 +640,9 @@ const GemmTable* avx2_gemm() {
       gemm_tiled<FloatTile<LoadBf16, 2, 2, 3>>,
       GroupedInt<Q8Weights>::gemm,
       GroupedInt<Q4Weights>::gemm,
-      gemm_tiled<UnpackedTile<UnpackQ4_1, 3, 2>>,
+      GroupedInt<Q41Weights>::gemm,
       GroupedInt<Q5Weights>::gemm,
-      gemm_tiled<UnpackedTile<UnpackQ5_1, 3, 2>>,
+      GroupedInt<Q51Weights>::gemm,
       gemm_tiled<KQuantTile256<UnpackQ2_K, 3, 2>>,
       gemm_tiled<KQuantTile256<UnpackQ3_K, 3, 2>>,
       gemm_tiled<KQuantTile256<UnpackQ4_K, 3, 2>>,

@@ -28,11 +28,6 @@ namespace {
 
 #include "base/quant_unpack.h"
 
-// Unsigned x signed bytes, four products per int32 lane, exact.
-inline __m256i dot_u8s8(__m256i u, __m256i x) {
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
-}
-
 // The K tiles load unpacked bytes 64 at a time.
 inline void store_q_pair(uint8_t* q, __m256i lo, __m256i hi) {
   _mm512_store_si512(q, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
@@ -255,27 +250,68 @@ struct Q4Weights {
   }
 };
 
-// q5_0's values are five bits minus 16: q4_0's nibbles plus 16 where qh's bit of the element is
-// set (one masked addition, qh's bits the mask), taken unsigned as q4_0's.
+// The 32 five-bit values of a q5-packed block: q4_0's nibbles plus 16 where qh's bit of the
+// element is set (one masked addition, qh's bits the mask).
+template <class B>
+inline __m256i five_bits(const B& b) {
+  const __m256i low = nibbles(b.qs);
+  return _mm256_mask_add_epi8(low, _cvtu32_mask32(load_u32_le(b.qh)), low, _mm256_set1_epi8(16));
+}
+
+// The 64 five-bit values of a pair of q5-packed blocks, as five_bits.
+template <class B>
+inline __m512i five_bit_pair(const B& b0, const B& b1) {
+  const __m512i low = nibble_pair(b0.qs, b1.qs);
+  const uint64_t fifth = load_u32_le(b0.qh) | static_cast<uint64_t>(load_u32_le(b1.qh)) << 32;
+  return _mm512_mask_add_epi8(low, _cvtu64_mask64(fifth), low, _mm512_set1_epi8(16));
+}
+
+// q5_0's values are five bits minus 16, taken unsigned as q4_0's.
 struct Q5Weights {
   using Block = BlockQ5_0;
   static constexpr int kBiasShift = 4;  // u = w + 16, the five bits
   static constexpr bool kNarrowUnsigned = true;
   static __m256i values(const Block& b) {
-    const __m256i low = nibbles(b.qs);
-    return _mm256_sub_epi8(
-        _mm256_mask_add_epi8(low, _cvtu32_mask32(load_u32_le(b.qh)), low, _mm256_set1_epi8(16)),
-        _mm256_set1_epi8(16));
+    return _mm256_sub_epi8(five_bits(b), _mm256_set1_epi8(16));
   }
-  static __m512i pair_unsigned(const Block& b0, const Block& b1) {
-    const __m512i low = nibble_pair(b0.qs, b1.qs);
-    const uint64_t fifth = load_u32_le(b0.qh) | static_cast<uint64_t>(load_u32_le(b1.qh)) << 32;
-    return _mm512_mask_add_epi8(low, _cvtu64_mask64(fifth), low, _mm512_set1_epi8(16));
-  }
+  static __m512i pair_unsigned(const Block& b0, const Block& b1) { return five_bit_pair(b0, b1); }
   static __m512i pair_signed(const Block& b0, const Block& b1) {
     return _mm512_sub_epi8(pair_unsigned(b0, b1), _mm512_set1_epi8(16));
   }
 };
+
+// q4_1 and q5_1: value = d q + m, q unsigned (nibbles, five bits). IntTile multiplies q as it is
+// and takes the minimum as a second term per block, (m dx) times the activations' sums of four
+// (kMinimum); values() gives q itself.
+struct Q41Weights {
+  using Block = BlockQ4_1;
+  static constexpr bool kMinimum = true;
+  static constexpr int kBiasShift = 0;  // no bias: q goes in as it is
+  static constexpr bool kNarrowUnsigned = true;
+  static __m256i values(const Block& b) { return nibbles(b.qs); }
+  static __m512i pair_unsigned(const Block& b0, const Block& b1) {
+    return nibble_pair(b0.qs, b1.qs);
+  }
+};
+
+struct Q51Weights {
+  using Block = BlockQ5_1;
+  static constexpr bool kMinimum = true;
+  static constexpr int kBiasShift = 0;  // no bias: q goes in as it is
+  static constexpr bool kNarrowUnsigned = true;
+  static __m256i values(const Block& b) { return five_bits(b); }
+  static __m512i pair_unsigned(const Block& b0, const Block& b1) { return five_bit_pair(b0, b1); }
+};
+
+// Whether W's blocks carry a minimum (q4_1, q5_1).
+template <class W>
+constexpr bool has_minimum() {
+  if constexpr (requires { W::kMinimum; }) {
+    return W::kMinimum;
+  } else {
+    return false;
+  }
+}
 
 // iq4_nl: q4_0's nibbles looked up in the table of levels, plus 128 for the unsigned form (the
 // table in every 128-bit lane, as vpshufb looks up within lanes).
@@ -323,7 +359,7 @@ struct IntTile {
 
   // A prepared activation row: per pair of blocks, their 64 values, their two scales as 16
   // floats (lanes 0-7 the first block's, 8-15 the second's) and -bias times each group of
-  // four's sum; then an odd last block as it was.
+  // four's sum (with a minimum: the sum itself); then an odd last block as it was.
   struct PairX {
     int8_t values[64];
     float scales[16];
@@ -342,8 +378,12 @@ struct IntTile {
         const __m512i v = join(load256(b[2 * i].qs), load256(b[2 * i + 1].qs));
         _mm512_storeu_si512(p[i].values, v);
         const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), v);
-        _mm512_storeu_si512(p[i].bias, _mm512_sub_epi32(_mm512_setzero_si512(),
-                                                        _mm512_slli_epi32(sums, W::kBiasShift)));
+        if constexpr (has_minimum<W>()) {
+          _mm512_storeu_si512(p[i].bias, sums);
+        } else {
+          _mm512_storeu_si512(p[i].bias, _mm512_sub_epi32(_mm512_setzero_si512(),
+                                                          _mm512_slli_epi32(sums, W::kBiasShift)));
+        }
         _mm512_storeu_ps(p[i].scales, scale_pair(&b[2 * i].d, &b[2 * i + 1].d));
       }
       if (n / 32 % 2 != 0) {
@@ -367,11 +407,12 @@ struct IntTile {
     size_t i = 0;
     for (; i + 2 <= blocks; i += 2) {
       __m512i wu[NR];
-      __m512 dw[NR];
+      __m512 dw[NR], mw[NR];
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
         wu[j] = W::pair_unsigned(a[j][i], a[j][i + 1]);
         dw[j] = scale_pair(&a[j][i].d, &a[j][i + 1].d);
+        if constexpr (has_minimum<W>()) mw[j] = scale_pair(&a[j][i].m, &a[j][i + 1].m);
       }
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
@@ -379,11 +420,24 @@ struct IntTile {
         const __m512i xv = _mm512_loadu_si512(px.values);
         const __m512 dx = _mm512_loadu_ps(px.scales);
         const __m512i bias = _mm512_loadu_si512(px.bias);
+        if constexpr (has_minimum<W>()) {
+          const __m512 sums = _mm512_cvtepi32_ps(bias);
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) {
-          // Exact int32 sums of four products: u x - bias sum(x) with w = u - bias.
-          const __m512i dot = _mm512_dpbusd_epi32(bias, wu[j], xv);
-          acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[j], dx), _mm512_cvtepi32_ps(dot), acc[r][j]);
+          for (int j = 0; j < NR; ++j) {
+            // Exact int32 sums of four products q x, then the minimum's term m sum(x).
+            const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wu[j], xv);
+            acc[r][j] =
+                _mm512_fmadd_ps(_mm512_mul_ps(dw[j], dx), _mm512_cvtepi32_ps(dot), acc[r][j]);
+            acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(mw[j], dx), sums, acc[r][j]);
+          }
+        } else {
+#pragma GCC unroll 8
+          for (int j = 0; j < NR; ++j) {
+            // Exact int32 sums of four products: u x - bias sum(x) with w = u - bias.
+            const __m512i dot = _mm512_dpbusd_epi32(bias, wu[j], xv);
+            acc[r][j] =
+                _mm512_fmadd_ps(_mm512_mul_ps(dw[j], dx), _mm512_cvtepi32_ps(dot), acc[r][j]);
+          }
         }
       }
     }
@@ -403,6 +457,14 @@ struct IntTile {
     return odd_block(w, x.qs, half(x.d));
   }
   static float odd_block(const WBlock& w, const int8_t* x_values, float x_scale) {
+    if constexpr (has_minimum<W>()) {
+      const __m256i xv = load256(x_values);
+      const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), W::values(w), xv);
+      const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), xv);
+      return hsum256(_mm256_fmadd_ps(
+          _mm256_set1_ps(half(w.m) * x_scale), _mm256_cvtepi32_ps(sums),
+          _mm256_mul_ps(_mm256_set1_ps(half(w.d) * x_scale), _mm256_cvtepi32_ps(dot))));
+    }
     const __m256i wv = W::values(w);
     const __m256i offset8 = _mm256_set1_epi8(static_cast<char>(0x80));
     const __m256i corr8 = _mm256_sub_epi32(
@@ -450,6 +512,23 @@ struct IntTile {
         wq = _mm512_abs_epi8(wv);
       }
       const __m128 dw = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(a[i].d), a[i + 1].d, 1));
+      if constexpr (has_minimum<W>()) {
+        const __m128 mw = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(a[i].m), a[i + 1].m, 1));
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) {
+          const __m512i xq = _mm512_load_si512(xv[r] + 32 * i);
+          const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xq);
+          const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), xq);
+          const __m128 dx = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(xd[r] + i)));
+          const __m512 d =
+              _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_mul_ps(dw, dx)));
+          const __m512 m =
+              _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_mul_ps(mw, dx)));
+          acc[r][0] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot), acc[r][0]);
+          acc[r][0] = _mm512_fmadd_ps(m, _mm512_cvtepi32_ps(sums), acc[r][0]);
+        }
+        continue;
+      }
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) {
         const __m512i xq = _mm512_load_si512(xv[r] + 32 * i);
@@ -627,9 +706,9 @@ const GemmTable* avx512_gemm() {
       gemm_tiled<Half16Tile<LoadBf16>>,
       gemm_tiled<IntTile<Q8Weights>>,
       gemm_tiled<IntTile<Q4Weights>>,
-      gemm_tiled<UnpackedTile<UnpackQ4_1, 4, 3>>,
+      gemm_tiled<IntTile<Q41Weights>>,
       gemm_tiled<IntTile<Q5Weights>>,
-      gemm_tiled<UnpackedTile<UnpackQ5_1, 4, 3>>,
+      gemm_tiled<IntTile<Q51Weights>>,
       gemm_tiled<KQuantTile512<UnpackQ2_K, 4, 3>>,
       gemm_tiled<KQuantTile512<UnpackQ3_K, 4, 3>>,
       gemm_tiled<KQuantTile512<UnpackQ4_K, 4, 3>>,

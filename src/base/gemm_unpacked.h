@@ -1,50 +1,22 @@
-// The GEMM tiles for weights of quant_unpack.h's types, written once over 256-bit vectors for
-// every x86 instruction set (internal to base/): UnpackedTile for the 32-element ones (q4_1,
-// q5_0, q5_1) against q8_0 activations, KQuantTile256 for the K-quants' super-blocks (q2_K..q6_K)
-// against q8_K activations, and the K super-blocks' integer scales that AVX-512's tile shares.
+// The GEMM tiles for the K-quants' super-blocks (q2_K..q6_K) against q8_K activations, written
+// once over 256-bit vectors for every x86 instruction set (internal to base/): KQuantTile256
+// (AVX2's), the super-blocks' integer scales that AVX-512's tile shares, and the vector
+// unpacking of q2_K and q3_K (and q5_0's fifth bits, which AVX2's integer tiles take too).
 //
 // Included by each gemm_*.cc after its target pragma, inside an anonymous namespace, after
 // simd_reduce.h, gemm_tiles.h and quant_unpack.h, and after the file's own
-// dot_u8s8(u, x): the int32 sums of four consecutive unsigned x signed byte products, lane l
-// covering bytes 4l..4l+3 (vpdpbusd, or maddubs + madd where q < 64 keeps pairs below 2^15),
-// and store_q_pair(q, lo, hi): 64 unpacked bytes stored as the file's tiles load them (one
+// store_q_pair(q, lo, hi): 64 unpacked bytes stored as the file's tiles load them (one
 // store per load, so that each load takes its bytes straight from the store).
 // It includes nothing itself.
-//
-// Each weight block is unpacked once per tile into bytes, scales and offsets; per 32 elements
-// and output, acc += (w_scale * x_scale) * dot + w_offset * x_lane_sums in 8 lanes, then one
-// hsum256: the same operations for every output whatever the tile's shape, so a tile's value
-// is the one-row, one-column tile's, which is also the single-row dot of these types.
 #pragma once
 
-// A q8_0 activation block as the tile reads it: its bytes, its scale in every lane, and
-// scale * (sum of the four bytes of each lane) for the offsets.
-struct PreparedGroup {
-  int8_t x[32];
-  float lane_sums[8];
-  float scale[8];
-};
-
-// Two f32 values, each in its own half of 8 lanes: lanes 0-3 the first 16 elements' sub-block.
-inline __m256 half_lanes(float lo, float hi) {
-  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(lo)), _mm_set1_ps(hi), 1);
-}
-
-// U::unpack's bytes, scales and offsets. The 32-element types, q2_K and q3_K take vector
-// instructions here: their scalar unpacking (a shift, a mask and an or per element, scales
-// through a software f16 conversion) cost 5-30 times a block's products (one thread, rows of
-// 768 against one activation row: q5_0 0.9 GB/s of weights, q2_K and q3_K 2.4).
+// U::unpack's bytes, scales and offsets. q2_K and q3_K take vector instructions here: their
+// scalar unpacking (a shift, a mask and an or per element, scales through a software f16
+// conversion) cost 5-30 times a block's products (one thread, rows of 768 against one
+// activation row: q2_K and q3_K 2.4 GB/s of weights).
 template <class U, class Out>
 inline void unpack_block(const U*, const typename U::Block& b, Out& out) {
   U::unpack(b, out);
-}
-
-// The 32 four-bit values of 16 packed bytes in element order: the low nibbles, then the high.
-inline __m256i unpack_nibbles(const uint8_t* qs) {
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i low = _mm_set1_epi8(0x0f);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low),
-                          _mm_and_si128(packed, low));
 }
 
 // Byte e of the result is 16 where bit e of qh's little-endian 32 bits is set, else 0.
@@ -57,29 +29,6 @@ inline __m256i unpack_fifth_bits(const uint8_t* qh) {
   const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
   const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
-}
-
-inline void unpack_block(const UnpackQ4_1*, const BlockQ4_1& b, Unpacked<32>& out) {
-  _mm256_store_si256(reinterpret_cast<__m256i*>(out.q), unpack_nibbles(b.qs));
-  set_subblocks(out, half(b.d), half(b.m));
-}
-
-// unpack_five_bits: a q5 block's 32 values, its nibbles with their fifth bits.
-template <class B>
-inline void unpack_five_bits_vector(const B& b, Unpacked<32>& out) {
-  _mm256_store_si256(reinterpret_cast<__m256i*>(out.q),
-                     _mm256_or_si256(unpack_nibbles(b.qs), unpack_fifth_bits(b.qh)));
-}
-
-inline void unpack_block(const UnpackQ5_0*, const BlockQ5_0& b, Unpacked<32>& out) {
-  unpack_five_bits_vector(b, out);
-  const float d = half(b.d);
-  set_subblocks(out, d, -16.0f * d);
-}
-
-inline void unpack_block(const UnpackQ5_1*, const BlockQ5_1& b, Unpacked<32>& out) {
-  unpack_five_bits_vector(b, out);
-  set_subblocks(out, half(b.d), half(b.m));
 }
 
 // Bits 2j and 2j + 1 of each byte of v (j < 4; 16-bit shifts keep them in their byte).
@@ -141,77 +90,6 @@ inline void unpack_block(const UnpackQ3_K*, const BlockQ3_K& b, UnpackedK& out) 
                      _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(scale, 2)));
   out.d = out.offset_unit = half(b.d);
 }
-
-template <class U, int Rows, int Cols>
-struct UnpackedTile {
-  static constexpr int kRows = Rows;
-  static constexpr int kCols = Cols;
-  static constexpr int kUnit = U::kUnit;
-  static constexpr int kGroups = kUnit / 32;
-  using Block = typename U::Block;
-
-  static const uint8_t* prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
-                                size_t* stride) {
-    *stride = n / 32 * sizeof(PreparedGroup);
-    uint8_t* out = gemm_scratch(*stride * n_x);
-    for (size_t r = 0; r < n_x; ++r) {
-      const auto* b = reinterpret_cast<const BlockQ8_0*>(x + r * x_stride);
-      auto* p = reinterpret_cast<PreparedGroup*>(out + r * *stride);
-      for (size_t g = 0; g < n / 32; ++g) {
-        const float d = half(b[g].d);
-        for (int i = 0; i < 32; ++i) p[g].x[i] = b[g].qs[i];
-        for (int l = 0; l < 8; ++l) {
-          const int sum =
-              b[g].qs[4 * l] + b[g].qs[4 * l + 1] + b[g].qs[4 * l + 2] + b[g].qs[4 * l + 3];
-          p[g].lane_sums[l] = d * static_cast<float>(sum);
-          p[g].scale[l] = d;
-        }
-      }
-    }
-    return out;
-  }
-
-  template <int MR, int NR>
-  static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
-                   size_t ys) {
-    const PreparedGroup* b[MR];
-    for (int r = 0; r < MR; ++r) b[r] = reinterpret_cast<const PreparedGroup*>(x + r * xs);
-    __m256 acc[MR][NR];
-    for (int r = 0; r < MR; ++r)
-      for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_setzero_ps();
-    Unpacked<kUnit> up[NR];
-    for (size_t i = 0; i < n / kUnit; ++i) {
-      for (int j = 0; j < NR; ++j) {
-        unpack_block(static_cast<const U*>(nullptr), reinterpret_cast<const Block*>(w + j * ws)[i],
-                     up[j]);
-      }
-      for (int g = 0; g < kGroups; ++g) {
-        __m256i wq[NR];
-        __m256 wscale[NR], woffset[NR];
-#pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) {
-          wq[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(up[j].q + 32 * g));
-          wscale[j] = half_lanes(up[j].scale[2 * g], up[j].scale[2 * g + 1]);
-          woffset[j] = half_lanes(up[j].offset[2 * g], up[j].offset[2 * g + 1]);
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-          const PreparedGroup& px = b[r][i * kGroups + g];
-          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(px.x));
-          const __m256 dx = _mm256_loadu_ps(px.scale);
-          const __m256 sums = _mm256_loadu_ps(px.lane_sums);
-#pragma GCC unroll 8
-          for (int j = 0; j < NR; ++j) {
-            const __m256 dot = _mm256_cvtepi32_ps(dot_u8s8(wq[j], xv));
-            acc[r][j] = _mm256_fmadd_ps(_mm256_mul_ps(wscale[j], dx), dot, acc[r][j]);
-            acc[r][j] = _mm256_fmadd_ps(woffset[j], sums, acc[r][j]);
-          }
-        }
-      }
-    }
-    store_sums<MR, NR>(acc, y, ys);
-  }
-};
 
 // A K super-block's 16 integer scales and 16 integer offsets (one per 16 elements) in 16-bit
 // lanes, with their two float units: element e = (d * scale[e / 16]) * q[e] + unit *

@@ -325,10 +325,17 @@ TEST_P(GemmTest, RandomBlockBytesMatchTheDequantizedRows) {
 // The integer value of element e of a 32-element block of weight type t.
 int weight_value(DType t, const uint8_t* block, int e) {
   if (t == DType::Q8_0) return reinterpret_cast<const BlockQ8_0*>(block)->qs[e];
-  if (t == DType::Q5_0) {
-    const auto* b = reinterpret_cast<const BlockQ5_0*>(block);
-    const int nibble = e < 16 ? b->qs[e] & 0x0f : b->qs[e - 16] >> 4;
-    return (nibble | ((b->qh[e / 8] >> (e % 8)) & 1) << 4) - 16;
+  if (t == DType::Q5_0 || t == DType::Q5_1) {
+    const uint8_t* qs = t == DType::Q5_0 ? reinterpret_cast<const BlockQ5_0*>(block)->qs
+                                         : reinterpret_cast<const BlockQ5_1*>(block)->qs;
+    const uint8_t* qh = t == DType::Q5_0 ? reinterpret_cast<const BlockQ5_0*>(block)->qh
+                                         : reinterpret_cast<const BlockQ5_1*>(block)->qh;
+    const int nibble = e < 16 ? qs[e] & 0x0f : qs[e - 16] >> 4;
+    return (nibble | ((qh[e / 8] >> (e % 8)) & 1) << 4) - (t == DType::Q5_0 ? 16 : 0);
+  }
+  if (t == DType::Q4_1) {
+    const uint8_t* qs = reinterpret_cast<const BlockQ4_1*>(block)->qs;
+    return e < 16 ? qs[e] & 0x0f : qs[e - 16] >> 4;
   }
   const uint8_t* qs = t == DType::Q4_0 ? reinterpret_cast<const BlockQ4_0*>(block)->qs
                                        : reinterpret_cast<const BlockIQ4_NL*>(block)->qs;
@@ -337,7 +344,9 @@ int weight_value(DType t, const uint8_t* block, int e) {
 }
 
 // The order AVX2 sums the integer types in (gemm_avx2.cc), written out one scalar at a time: a
-// block's exact integer sum times the product of its two scales, the terms of each group of
+// block's exact integer sum times the product of its two scales (q4_1, q5_1: plus, fused, the
+// product of the minimum and the activation scale times the block's activation sum), the
+// terms of each group of
 // eight blocks summed pairwise as a 256-bit horizontal sum is ((0+4)+(2+6))+((1+5)+(3+7)),
 // missing blocks +0, and the groups added in order.
 float grouped_int_reference(DType t, const uint8_t* w, const uint8_t* x, size_t n) {
@@ -350,10 +359,18 @@ float grouped_int_reference(DType t, const uint8_t* w, const uint8_t* x, size_t 
       const uint8_t* wb = w + (g + j) * block_bytes(t);
       uint16_t dw = 0;
       std::memcpy(&dw, wb, sizeof dw);  // every 32-element integer block starts with its scale
-      int32_t sum = 0;
-      for (int e = 0; e < 32; ++e) sum += weight_value(t, wb, e) * xb[g + j].qs[e];
+      int32_t sum = 0, x_sum = 0;
+      for (int e = 0; e < 32; ++e) {
+        sum += weight_value(t, wb, e) * xb[g + j].qs[e];
+        x_sum += xb[g + j].qs[e];
+      }
       const float scale = f16_to_f32(dw) * f16_to_f32(xb[g + j].d);
       p[j] = scale * static_cast<float>(sum);
+      if (t == DType::Q4_1 || t == DType::Q5_1) {  // the minimum follows the scale
+        uint16_t mw = 0;
+        std::memcpy(&mw, wb + sizeof dw, sizeof mw);
+        p[j] = std::fma(f16_to_f32(mw) * f16_to_f32(xb[g + j].d), static_cast<float>(x_sum), p[j]);
+      }
     }
     total += ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
   }
@@ -367,7 +384,8 @@ TEST(GemmAvx2, IntegerTypesSumInTheirDocumentedOrder) {
   IsaGuard guard;
   kernels::set_isa(Isa::kAvx2);
   kernels::set_gemm_tiles(true);
-  for (DType wt : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::IQ4_NL}) {
+  for (DType wt :
+       {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4_NL}) {
     for (size_t n : {32u, 224u, 256u, 288u, 2080u}) {
       for (size_t n_x : {1u, 4u, 5u, 18u}) {
         const Operands ops(wt, n, 13, n_x, static_cast<uint32_t>(n + n_x));
