@@ -297,6 +297,21 @@ void dequantize_row(DType t, const void* src, float* dst, size_t n) {
   }
 }
 
+namespace {
+
+// q[j] = x[j] / d rounded to nearest even for j < count, d = max |x[j]| / 127 (q8_0's and q8_K's
+// rounding); returns d.
+float round_to_int8(const float* x, int count, int8_t* q) {
+  float amax = 0.0f;
+  for (int j = 0; j < count; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int j = 0; j < count; ++j) q[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
+  return d;
+}
+
+}  // namespace
+
 void quantize_row(DType t, const float* src, void* dst, size_t n) {
   switch (t) {
     case DType::F32:
@@ -314,15 +329,8 @@ void quantize_row(DType t, const float* src, void* dst, size_t n) {
     }
     case DType::Q8_0: {
       auto* b = static_cast<BlockQ8_0*>(dst);
-      for (size_t i = 0; i < n / 32; ++i) {
-        const float* x = src + i * 32;
-        float amax = 0.0f;
-        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        b[i].d = f32_to_f16(d);
-        for (int j = 0; j < 32; ++j) b[i].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
-      }
+      for (size_t i = 0; i < n / 32; ++i)
+        b[i].d = f32_to_f16(round_to_int8(src + i * 32, 32, b[i].qs));
       return;
     }
     case DType::Q4_0: {
@@ -352,14 +360,8 @@ void quantize_row(DType t, const float* src, void* dst, size_t n) {
       // As q8_0 over 256 values, the scale kept in f32.
       auto* b = static_cast<BlockQ8_K*>(dst);
       for (size_t i = 0; i < n / 256; ++i) {
-        const float* x = src + i * 256;
-        float amax = 0.0f;
-        for (int j = 0; j < 256; ++j) amax = std::max(amax, std::fabs(x[j]));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        b[i].d = d;
+        b[i].d = round_to_int8(src + i * 256, 256, b[i].qs);
         std::memset(b[i].padding, 0, sizeof b[i].padding);
-        for (int j = 0; j < 256; ++j) b[i].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
         for (int k = 0; k < 16; ++k) {
           int sum = 0;
           for (int j = 0; j < 16; ++j) sum += b[i].qs[16 * k + j];

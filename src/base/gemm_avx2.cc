@@ -136,6 +136,7 @@ struct FloatTile {
 
 struct Q8Weights {
   using Block = BlockQ8_0;
+  static constexpr bool kMinimum = false;
   static constexpr bool kUnsigned = false;
   static __m256i values(const Block& b) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs));
@@ -154,6 +155,7 @@ inline __m256i nibbles(const uint8_t* qs) {
 // block where the sign of every weight would cost one per vector.
 struct Q4Weights {
   using Block = BlockQ4_0;
+  static constexpr bool kMinimum = false;
   static constexpr bool kUnsigned = true;
   static constexpr int kBias = 8;  // the nibble is w + 8
   static __m256i values(const Block& b) {
@@ -165,6 +167,7 @@ struct Q4Weights {
 // q5_0's values are five bits minus 16: taken unsigned as q4_0's (31 * 127 * 2 < 2^15).
 struct Q5Weights {
   using Block = BlockQ5_0;
+  static constexpr bool kMinimum = false;
   static constexpr bool kUnsigned = true;
   static constexpr int kBias = 16;  // the five bits are w + 16
   static __m256i values(const Block& b) {
@@ -195,16 +198,6 @@ struct Q51Weights {
   }
 };
 
-// Whether W's blocks carry a minimum (q4_1, q5_1).
-template <class W>
-constexpr bool has_minimum() {
-  if constexpr (requires { W::kMinimum; }) {
-    return W::kMinimum;
-  } else {
-    return false;
-  }
-}
-
 // A laid-out group's eight minima, for weights that have them (none otherwise).
 template <bool kMinimum>
 struct GroupMinima {};
@@ -216,6 +209,7 @@ struct GroupMinima<true> {
 // iq4_nl: q4_0's nibbles looked up in the table of levels (in both 128-bit lanes).
 struct IQ4NLWeights {
   using Block = BlockIQ4_NL;
+  static constexpr bool kMinimum = false;
   static constexpr bool kUnsigned = false;
   static __m256i values(const Block& b) {
     const __m256i levels = _mm256_broadcastsi128_si256(
@@ -256,7 +250,7 @@ struct GroupedInt {
 
   // Eight weight rows' block b: their scales (and minima), and vector l holding values
   // 4l..4l+3 of each row (row c in lane c).
-  struct Group : GroupMinima<has_minimum<W>()> {
+  struct Group : GroupMinima<W::kMinimum> {
     float d[8];
     __m256i v[8];
   };
@@ -270,7 +264,7 @@ struct GroupedInt {
       for (int c = 0; c < 8; ++c) r[c] = c < cols ? laid(rows[c][b]) : _mm256_setzero_si256();
       transpose_lanes(r, out[b].v);
       _mm256_store_ps(out[b].d, eight_scales([&](int c) { return c < cols ? rows[c][b].d : 0; }));
-      if constexpr (has_minimum<W>()) {
+      if constexpr (W::kMinimum) {
         _mm256_store_ps(out[b].m, eight_scales([&](int c) { return c < cols ? rows[c][b].m : 0; }));
       }
     }
@@ -345,7 +339,7 @@ struct GroupedInt {
         sums[r] = l == 0 ? q : _mm256_add_epi32(sums[r], q);
       }
     }
-    if constexpr (W::kUnsigned && !has_minimum<W>()) {
+    if constexpr (W::kUnsigned && !W::kMinimum) {
       for (int r = 0; r < MR; ++r) {
         sums[r] = _mm256_add_epi32(sums[r], _mm256_set1_epi32(x.sums[r][b]));
       }
@@ -356,7 +350,7 @@ struct GroupedInt {
       p[r] = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x.scales[r][b])),
                            _mm256_cvtepi32_ps(sums[r]));
     }
-    if constexpr (has_minimum<W>()) {
+    if constexpr (W::kMinimum) {
       const __m256 mw = _mm256_load_ps(g.m);
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) {
@@ -408,7 +402,7 @@ struct GroupedInt {
   // What the activation rows' block sums are multiplied by: -bias where the weights go in
   // unsigned (their value plus the bias), so that adding them corrects each block's int32.
   static constexpr int32_t bias_factor() {
-    if constexpr (has_minimum<W>()) {
+    if constexpr (W::kMinimum) {
       return 1;  // the plain sums, for the minimum's term
     } else if constexpr (W::kUnsigned) {
       return -W::kBias;
@@ -458,7 +452,7 @@ struct GroupedInt {
       sums[r] = _mm256_add_epi32(_mm256_permute2x128_si256(quads[0][r], quads[1][r], 0x20),
                                  _mm256_permute2x128_si256(quads[0][r], quads[1][r], 0x31));
     }
-    if constexpr (W::kUnsigned && !has_minimum<W>()) {
+    if constexpr (W::kUnsigned && !W::kMinimum) {
       const __m256i present = lanes_below(count);
       for (int r = 0; r < MR; ++r) {
         sums[r] = _mm256_add_epi32(sums[r], _mm256_maskload_epi32(x.sums[r] + t, present));
@@ -479,7 +473,7 @@ struct GroupedInt {
       const __m256 dx = count == 8 ? _mm256_loadu_ps(x.scales[r] + t)
                                    : _mm256_maskload_ps(x.scales[r] + t, present);
       __m256 p = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(sums[r]));
-      if constexpr (has_minimum<W>()) {
+      if constexpr (W::kMinimum) {
         const __m256 mw = eight_scales([&](int j) { return j < count ? a[t + j].m : 0; });
         const __m256i xsums =
             count == 8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums[r] + t))

@@ -200,6 +200,7 @@ inline __m256i load256(const void* p) {
 
 struct Q8Weights {
   using Block = BlockQ8_0;
+  static constexpr bool kMinimum = false;
   static constexpr int kBiasShift = 7;  // u = w + 128
   static constexpr bool kNarrowUnsigned = false;
   static __m256i values(const Block& b) { return load256(b.qs); }
@@ -235,6 +236,7 @@ inline __m512i nibble_pair(const uint8_t* qs0, const uint8_t* qs1) {
 // dpbusd wants its first operand) and takes the bias through the activations' sums instead.
 struct Q4Weights {
   using Block = BlockQ4_0;
+  static constexpr bool kMinimum = false;
   static constexpr int kBiasShift = 3;  // u = w + 8, the nibble
   // narrow_column multiplies the nibbles and takes 8 sum(x) by a second dpbusd, where moving
   // each sign onto its activation would cost more operations than the nibbles' unpacking.
@@ -269,6 +271,7 @@ inline __m512i five_bit_pair(const B& b0, const B& b1) {
 // q5_0's values are five bits minus 16, taken unsigned as q4_0's.
 struct Q5Weights {
   using Block = BlockQ5_0;
+  static constexpr bool kMinimum = false;
   static constexpr int kBiasShift = 4;  // u = w + 16, the five bits
   static constexpr bool kNarrowUnsigned = true;
   static __m256i values(const Block& b) {
@@ -303,20 +306,11 @@ struct Q51Weights {
   static __m512i pair_unsigned(const Block& b0, const Block& b1) { return five_bit_pair(b0, b1); }
 };
 
-// Whether W's blocks carry a minimum (q4_1, q5_1).
-template <class W>
-constexpr bool has_minimum() {
-  if constexpr (requires { W::kMinimum; }) {
-    return W::kMinimum;
-  } else {
-    return false;
-  }
-}
-
 // iq4_nl: q4_0's nibbles looked up in the table of levels, plus 128 for the unsigned form (the
 // table in every 128-bit lane, as vpshufb looks up within lanes).
 struct IQ4NLWeights {
   using Block = BlockIQ4_NL;
+  static constexpr bool kMinimum = false;
   static constexpr int kBiasShift = 7;  // u = w + 128
   // The unsigned levels come from the same one lookup as the signed ones, so the second dpbusd
   // costs less than the signs' mask and absolute value (one row, from the cache: 24 -> 26 GB/s).
@@ -378,7 +372,7 @@ struct IntTile {
         const __m512i v = join(load256(b[2 * i].qs), load256(b[2 * i + 1].qs));
         _mm512_storeu_si512(p[i].values, v);
         const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), v);
-        if constexpr (has_minimum<W>()) {
+        if constexpr (W::kMinimum) {
           _mm512_storeu_si512(p[i].bias, sums);
         } else {
           _mm512_storeu_si512(p[i].bias, _mm512_sub_epi32(_mm512_setzero_si512(),
@@ -412,7 +406,7 @@ struct IntTile {
       for (int j = 0; j < NR; ++j) {
         wu[j] = W::pair_unsigned(a[j][i], a[j][i + 1]);
         dw[j] = scale_pair(&a[j][i].d, &a[j][i + 1].d);
-        if constexpr (has_minimum<W>()) mw[j] = scale_pair(&a[j][i].m, &a[j][i + 1].m);
+        if constexpr (W::kMinimum) mw[j] = scale_pair(&a[j][i].m, &a[j][i + 1].m);
       }
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
@@ -420,7 +414,7 @@ struct IntTile {
         const __m512i xv = _mm512_loadu_si512(px.values);
         const __m512 dx = _mm512_loadu_ps(px.scales);
         const __m512i bias = _mm512_loadu_si512(px.bias);
-        if constexpr (has_minimum<W>()) {
+        if constexpr (W::kMinimum) {
           const __m512 sums = _mm512_cvtepi32_ps(bias);
 #pragma GCC unroll 8
           for (int j = 0; j < NR; ++j) {
@@ -457,7 +451,7 @@ struct IntTile {
     return odd_block(w, x.qs, half(x.d));
   }
   static float odd_block(const WBlock& w, const int8_t* x_values, float x_scale) {
-    if constexpr (has_minimum<W>()) {
+    if constexpr (W::kMinimum) {
       const __m256i xv = load256(x_values);
       const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), W::values(w), xv);
       const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), xv);
@@ -512,7 +506,7 @@ struct IntTile {
         wq = _mm512_abs_epi8(wv);
       }
       const __m128 dw = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(a[i].d), a[i + 1].d, 1));
-      if constexpr (has_minimum<W>()) {
+      if constexpr (W::kMinimum) {
         const __m128 mw = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(a[i].m), a[i + 1].m, 1));
 #pragma GCC unroll 4
         for (int r = 0; r < MR; ++r) {
