@@ -341,10 +341,12 @@ inline __m512 scale_pair(const uint16_t* lo, const uint16_t* hi) {
 
 // Integer weights against q8_0 activations, two blocks per register, as dot_w_q8_0 and
 // dot_w_q4_0 in kernels_avx512.cc. dpbusd multiplies unsigned by signed bytes, so the weights
-// go in as unsigned values u = w + bias (q8_0: w + 128, one xor; q4_0: the nibbles, w + 8) and
-// the activations as they are; -bias * sum(x) is added through dpbusd's accumulator input,
-// taken from the prepared row (its sums of four once per row per call). The int32 sums are
-// exact, so the single-row kernel's results come out bit for bit.
+// go in as unsigned values u = w + bias (q8_0: w + 128, one xor; q4_0: the nibbles, w + 8; q5_0:
+// the five bits, w + 16) and the activations as they are; -bias * sum(x) is added through
+// dpbusd's accumulator input, taken from the prepared row (its sums of four once per row per
+// call). The int32 sums are exact, so the single-row kernel's results come out bit for bit.
+// Weights with a minimum (q4_1, q5_1: d q + m) take q with no bias, and each lane then adds
+// (m dx) times its activations' sum of four by a second fused multiply-add.
 template <class W>
 struct IntTile {
   static constexpr int kRows = 4;
