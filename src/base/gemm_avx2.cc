@@ -467,6 +467,8 @@ struct GroupedInt {
     __m256i sums[MR];
     group_sums<MR>(a, x, t, count, sums);
     const __m256 dw = eight_scales([&](int j) { return j < count ? a[t + j].d : 0; });
+    __m256 mw = _mm256_setzero_ps();
+    if constexpr (W::kMinimum) mw = eight_scales([&](int j) { return j < count ? a[t + j].m : 0; });
     const __m256i present = lanes_below(count);
 #pragma GCC unroll 4
     for (int r = 0; r < MR; ++r) {
@@ -474,7 +476,6 @@ struct GroupedInt {
                                    : _mm256_maskload_ps(x.scales[r] + t, present);
       __m256 p = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(sums[r]));
       if constexpr (W::kMinimum) {
-        const __m256 mw = eight_scales([&](int j) { return j < count ? a[t + j].m : 0; });
         const __m256i xsums =
             count == 8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums[r] + t))
                        : _mm256_maskload_epi32(x.sums[r] + t, present);

@@ -311,11 +311,7 @@ void quantize_q8_0_avx2(const float* x, void* out, size_t n) {
     for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(xi + 8 * k);
     const __m256 m01 = _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1]));
     const __m256 m23 = _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3]));
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(_mm256_max_ps(m01, m23)),
-                          _mm256_extractf128_ps(_mm256_max_ps(m01, m23), 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    const float d = _mm_cvtss_f32(m) / 127.0f;
+    const float d = hmax256(_mm256_max_ps(m01, m23)) / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     b[i].d = f32_to_f16(d);
     const __m256 scale = _mm256_set1_ps(id);
@@ -332,13 +328,14 @@ void quantize_q8_k_avx2(const float* x, void* out, size_t n) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (size_t i = 0; i < n / 256; ++i) {
     const float* xi = x + i * 256;
-    __m256 m8 = _mm256_andnot_ps(sign, _mm256_loadu_ps(xi));
-    for (int k = 1; k < 32; ++k)
-      m8 = _mm256_max_ps(m8, _mm256_andnot_ps(sign, _mm256_loadu_ps(xi + 8 * k)));
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    const float d = _mm_cvtss_f32(m) / 127.0f;
+    // Four running maxima, so that the 32 vectors' comparisons are not one chain.
+    __m256 m[4];
+    for (int k = 0; k < 4; ++k) m[k] = _mm256_andnot_ps(sign, _mm256_loadu_ps(xi + 8 * k));
+    for (int k = 4; k < 32; ++k) {
+      m[k % 4] = _mm256_max_ps(m[k % 4], _mm256_andnot_ps(sign, _mm256_loadu_ps(xi + 8 * k)));
+    }
+    const float d =
+        hmax256(_mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]))) / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     b[i].d = d;
     __builtin_memset(b[i].padding, 0, sizeof b[i].padding);
