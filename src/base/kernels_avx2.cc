@@ -299,6 +299,15 @@ uint64_t read_sum_avx2(const uint64_t* p, size_t n) {
 
 }  // namespace
 
+// The 32 values at x times scale, rounded to nearest even (the default rounding mode, as
+// std::nearbyint) and packed as int8 in order.
+inline __m256i round_32(const float* x, __m256 scale) {
+  __m256i q[4];
+  for (int k = 0; k < 4; ++k)
+    q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), scale));
+  return pack_i8(q[0], q[1], q[2], q[3]);
+}
+
 // As quantize_row's q8_0: the block's largest magnitude over 127 is its scale, and each value
 // times the scale's reciprocal is rounded to nearest even (the default rounding mode, as
 // std::nearbyint) with the same float operations.
@@ -314,10 +323,7 @@ void quantize_q8_0_avx2(const float* x, void* out, size_t n) {
     const float d = hmax256(_mm256_max_ps(m01, m23)) / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     b[i].d = f32_to_f16(d);
-    const __m256 scale = _mm256_set1_ps(id);
-    __m256i q[4];
-    for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], scale));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(b[i].qs), pack_i8(q[0], q[1], q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(b[i].qs), round_32(xi, _mm256_set1_ps(id)));
   }
 }
 
@@ -341,11 +347,7 @@ void quantize_q8_k_avx2(const float* x, void* out, size_t n) {
     __builtin_memset(b[i].padding, 0, sizeof b[i].padding);
     const __m256 scale = _mm256_set1_ps(id);
     for (int g = 0; g < 8; ++g) {
-      __m256i q[4];
-      for (int k = 0; k < 4; ++k) {
-        q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xi + 32 * g + 8 * k), scale));
-      }
-      const __m256i bytes = pack_i8(q[0], q[1], q[2], q[3]);
+      const __m256i bytes = round_32(xi + 32 * g, scale);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(b[i].qs + 32 * g), bytes);
       // Four sums of eight (each byte plus 128), the two of each 16 added in lanes 0 and 2.
       const __m256i eights =
