@@ -3,6 +3,7 @@
 // single-row dot in kernels_avx512.cc, so a row's result does not depend on its tile.
 #include <immintrin.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -549,6 +550,223 @@ struct IntTile {
   }
 };
 
+// The five types whose blocks hold 16 bytes of packed nibbles (q4_0, iq4_nl, q5_0, q4_1, q5_1)
+// four blocks at a time: element e < 16 of block b in byte 16 b + e of one register and element
+// e + 16 in the same byte of a second, so that two chained dpbusd give each 32-bit lane the
+// exact sum of eight products of one block (lane l: block l / 4) and a block's scales meet its
+// four lanes once: one conversion and one fused multiply-add per 128 values where pairs of
+// blocks took two (one row from the cache, q4_0: 28 -> 50 GB/s). A group's fields are gathered
+// 16 bits at a time from its bytes (every field starts at an even offset).
+struct Q4FourBlocks {
+  using Block = BlockQ4_0;
+  static constexpr int kBiasShift = 3;  // u = w + 8, the nibble
+  static constexpr bool kMinimum = false, kFifthBit = false, kLevels = false;
+};
+struct IQ4NLFourBlocks {
+  using Block = BlockIQ4_NL;
+  static constexpr int kBiasShift = 7;  // u = w + 128, the level looked up unsigned
+  static constexpr bool kMinimum = false, kFifthBit = false, kLevels = true;
+};
+struct Q5FourBlocks {
+  using Block = BlockQ5_0;
+  static constexpr int kBiasShift = 4;  // u = w + 16, the five bits
+  static constexpr bool kMinimum = false, kFifthBit = true, kLevels = false;
+};
+// value = d q + m with q unsigned: q goes in as it is and the minimum is a second term per lane,
+// (m dx) times the lane's activation sum.
+struct Q41FourBlocks {
+  using Block = BlockQ4_1;
+  static constexpr int kBiasShift = 0;
+  static constexpr bool kMinimum = true, kFifthBit = false, kLevels = false;
+};
+struct Q51FourBlocks {
+  using Block = BlockQ5_1;
+  static constexpr int kBiasShift = 0;
+  static constexpr bool kMinimum = true, kFifthBit = true, kLevels = false;
+};
+
+template <class W>
+struct FourBlockTile {
+  static constexpr int kRows = 4;
+  static constexpr int kCols = 4;
+  using Block = typename W::Block;
+  static constexpr size_t kGroupBytes = 4 * sizeof(Block);
+  static_assert(kGroupBytes > 64 && kGroupBytes <= 128 && sizeof(Block) % 2 == 0);
+
+  // A prepared activation row, four blocks at a time (a short last group's absent blocks all
+  // zero): the values in the weights' order, block l / 4's scale in lane l, and the sum of each
+  // lane's eight values times -bias (with a minimum: the sum itself, as a float).
+  struct GroupX {
+    int8_t low[64];
+    int8_t high[64];
+    float scales[16];
+    union {
+      int32_t bias[16];
+      float sum[16];
+    };
+  };
+
+  // vpermt2w's word indices into a group as load() reads it, word k of the result taking word
+  // word(k) of the field at `offset` of block block(k).
+  template <class BlockOf, class WordOf>
+  static constexpr std::array<uint16_t, 32> gather(size_t offset, BlockOf block, WordOf word) {
+    std::array<uint16_t, 32> index{};
+    for (int k = 0; k < 32; ++k) {
+      const size_t at = block(k) * sizeof(Block) + offset + 2 * word(k);
+      index[k] = static_cast<uint16_t>(at < 64 ? at / 2 : 32 + (at - (kGroupBytes - 32)) / 2);
+    }
+    return index;
+  }
+  // The blocks' qs in order.
+  static constexpr auto kQsWords = gather(
+      offsetof(Block, qs), [](int k) { return k / 8; }, [](int k) { return k % 8; });
+  // Without a fifth bit, every block's scale (and minimum) lies in the group's first 64 bytes
+  // and takes one single-table vpermw (two-table ones cost more, and the qs need one): words
+  // 0-15 block k / 4's scale, 16-31 its minimum (the scale again without one).
+  static constexpr auto kScaleWords = gather(
+      0, [](int k) { return k % 16 / 4; }, [](int k) { return k >= 16 && W::kMinimum ? 1 : 0; });
+  // One group's weights: unsigned values as GroupX's, scales (and minima) per lane.
+  struct Group {
+    __m512i low, high;
+    __m512 d, m;
+  };
+
+  // The group at p: its first 64 bytes, and its last 32 (a load that ends at the group's end,
+  // within the row) as vpermt2w's second table, words 32-47. (A masked load there, past the
+  // group, ran the GEMV from memory at 15 GB/s instead of 25 on one core: AMD's masked loads
+  // wait on their misses.)
+  static Group load(const uint8_t* p) {
+    const __m512i first = _mm512_loadu_si512(p);
+    const __m512i second = _mm512_castsi256_si512(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kGroupBytes - 32)));
+    Group g;
+    const __m512i q = _mm512_permutex2var_epi16(first, _mm512_loadu_si512(kQsWords.data()), second);
+    g.low = _mm512_and_si512(q, _mm512_set1_epi8(0x0f));
+    g.high = _mm512_and_si512(_mm512_srli_epi16(q, 4), _mm512_set1_epi8(0x0f));
+    if constexpr (W::kFifthBit) {
+      // The scales, minima and qh share one two-table permute, each block's field once: words
+      // 0-3 the scales, 4-7 the minima (the scales again), 8-11 each block's qh bits for
+      // elements 0-15, 12-15 for 16-31.
+      static constexpr auto kFieldWords = gather(
+          0, [](int k) { return k % 4; },
+          [](int k) {
+            if (k >= 8) return static_cast<int>(offsetof(Block, qh) / 2) + k / 12;
+            return k >= 4 && W::kMinimum ? 1 : 0;
+          });
+      const __m512i fields =
+          _mm512_permutex2var_epi16(first, _mm512_loadu_si512(kFieldWords.data()), second);
+      const __m512 dm = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm512_castsi512_si128(fields)));
+      const __m512i lane_block = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+      g.d = _mm512_permutexvar_ps(lane_block, dm);
+      if constexpr (W::kMinimum) {
+        g.m = _mm512_permutexvar_ps(_mm512_add_epi32(lane_block, _mm512_set1_epi32(4)), dm);
+      }
+      const __m128i qh = _mm512_extracti32x4_epi32(fields, 1);
+      const __m512i sixteen = _mm512_set1_epi8(16);
+      g.low = _mm512_mask_add_epi8(g.low, _cvtu64_mask64(_mm_cvtsi128_si64(qh)), g.low, sixteen);
+      g.high =
+          _mm512_mask_add_epi8(g.high, _cvtu64_mask64(_mm_extract_epi64(qh, 1)), g.high, sixteen);
+    } else {
+      static_assert(3 * sizeof(Block) + 2 * W::kMinimum + 2 <= 64);
+      const __m512i scales =
+          _mm512_permutexvar_epi16(_mm512_loadu_si512(kScaleWords.data()), first);
+      g.d = _mm512_cvtph_ps(_mm512_castsi512_si256(scales));
+      if constexpr (W::kMinimum) g.m = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(scales, 1));
+    }
+    if constexpr (W::kLevels) {
+      const __m512i levels = _mm512_xor_si512(
+          _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues))),
+          _mm512_set1_epi8(static_cast<char>(0x80)));
+      g.low = _mm512_shuffle_epi8(levels, g.low);
+      g.high = _mm512_shuffle_epi8(levels, g.high);
+    }
+    return g;
+  }
+
+  // acc += the group's products with one prepared activation group, lane by lane.
+  static __m512 accumulate(const Group& g, const GroupX& x, __m512 acc) {
+    const __m512i start = W::kMinimum ? _mm512_setzero_si512() : _mm512_load_si512(x.bias);
+    const __m512i dot =
+        _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, g.low, _mm512_load_si512(x.low)), g.high,
+                            _mm512_load_si512(x.high));
+    const __m512 dx = _mm512_load_ps(x.scales);
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(g.d, dx), _mm512_cvtepi32_ps(dot), acc);
+    if constexpr (W::kMinimum) {
+      acc = _mm512_fmadd_ps(_mm512_mul_ps(g.m, dx), _mm512_load_ps(x.sum), acc);
+    }
+    return acc;
+  }
+
+  static const uint8_t* prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
+                                size_t* stride) {
+    const size_t blocks = n / 32;
+    const size_t groups = (blocks + 3) / 4;
+    *stride = groups * sizeof(GroupX);
+    uint8_t* out = gemm_scratch(*stride * n_x);
+    for (size_t r = 0; r < n_x; ++r) {
+      const auto* b = row_at<BlockQ8_0>(x, x_stride, static_cast<int>(r));
+      auto* gx = reinterpret_cast<GroupX*>(out + r * *stride);
+      for (size_t g = 0; g < groups; ++g) {
+        GroupX& p = gx[g];
+        for (size_t k = 0; k < 4; ++k) {
+          const size_t i = 4 * g + k;
+          const bool present = i < blocks;
+          for (int e = 0; e < 16; ++e) {
+            p.low[16 * k + e] = present ? b[i].qs[e] : 0;
+            p.high[16 * k + e] = present ? b[i].qs[16 + e] : 0;
+          }
+          for (size_t l = 0; l < 4; ++l) p.scales[4 * k + l] = present ? half(b[i].d) : 0.0f;
+        }
+        const __m512i ones = _mm512_set1_epi8(1);
+        const __m512i sums = _mm512_dpbusd_epi32(
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_load_si512(p.low)), ones,
+            _mm512_load_si512(p.high));
+        if constexpr (W::kMinimum) {
+          _mm512_store_ps(p.sum, _mm512_cvtepi32_ps(sums));
+        } else {
+          _mm512_store_si512(p.bias, _mm512_sub_epi32(_mm512_setzero_si512(),
+                                                      _mm512_slli_epi32(sums, W::kBiasShift)));
+        }
+      }
+    }
+    return out;
+  }
+
+  // Weight rows one at a time (each group unpacked once for all MR activation rows); decode's
+  // narrow calls are tiles of one weight row too.
+  template <int MR, int NR>
+  static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
+                   size_t ys) {
+    const size_t blocks = n / 32;
+    const size_t full = blocks / 4;
+    const GroupX* b[MR];
+    for (int r = 0; r < MR; ++r) b[r] = row_at<GroupX>(x, xs, r);
+    __m512 acc[MR][NR];
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+    for (size_t g = 0; g < full; ++g) {
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) {
+        const Group wg = load(w + j * ws + g * kGroupBytes);
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) acc[r][j] = accumulate(wg, b[r][g], acc[r][j]);
+      }
+    }
+    if (full * 4 < blocks) {
+      for (int j = 0; j < NR; ++j) {
+        // A short last group's absent blocks read as zeros, from a copy.
+        alignas(64) uint8_t last[kGroupBytes] = {};
+        __builtin_memcpy(last, w + j * ws + full * kGroupBytes,
+                         (blocks - full * 4) * sizeof(Block));
+        const Group wg = load(last);
+        for (int r = 0; r < MR; ++r) acc[r][j] = accumulate(wg, b[r][full], acc[r][j]);
+      }
+    }
+    store_sums<MR, NR>(acc, y, ys);
+  }
+};
+
 // The most used K types' pairs of groups unpacked in registers, for KQuantTile512: 64 unsigned
 // values with no trip through memory (whose small stores a wide load cannot forward from).
 // Their scales are gemm_unpacked.h's Direct256; other types take quant_unpack.h's form.
@@ -701,16 +919,16 @@ const GemmTable* avx512_gemm() {
       gemm_tiled<Half16Tile<LoadF16>>,
       gemm_tiled<Half16Tile<LoadBf16>>,
       gemm_tiled<IntTile<Q8Weights>>,
-      gemm_tiled<IntTile<Q4Weights>>,
-      gemm_tiled<IntTile<Q41Weights>>,
-      gemm_tiled<IntTile<Q5Weights>>,
-      gemm_tiled<IntTile<Q51Weights>>,
+      gemm_tiled<FourBlockTile<Q4FourBlocks>>,
+      gemm_tiled<FourBlockTile<Q41FourBlocks>>,
+      gemm_tiled<FourBlockTile<Q5FourBlocks>>,
+      gemm_tiled<FourBlockTile<Q51FourBlocks>>,
       gemm_tiled<KQuantTile512<UnpackQ2_K, 4, 3>>,
       gemm_tiled<KQuantTile512<UnpackQ3_K, 4, 3>>,
       gemm_tiled<KQuantTile512<UnpackQ4_K, 4, 3>>,
       gemm_tiled<KQuantTile512<UnpackQ5_K, 4, 3>>,
       gemm_tiled<KQuantTile512<UnpackQ6_K, 4, 3>>,
-      gemm_tiled<IntTile<IQ4NLWeights>>,
+      gemm_tiled<FourBlockTile<IQ4NLFourBlocks>>,
   }};
   return &table;
 }

@@ -137,8 +137,9 @@ size_t activation_row_bytes(DType w, size_t n) {
 // block by block across eight weight rows; 5: SwiGLU's gate through softmax's exponential; 6:
 // K-quant weights summed a super-block apart before joining a row's sum, AVX2 and AVX-512; 7:
 // K-quant weights against q8_K activations, each super-block summed in integers; q5_0 weights in
-// the integer tiles of q4_0, AVX2 and AVX-512).
-constexpr int kArithmeticVersion = 7;
+// the integer tiles of q4_0, AVX2 and AVX-512; 8: AVX-512 sums q4_0, iq4_nl, q5_0, q4_1 and
+// q5_1 four blocks at a time, eight products per lane).
+constexpr int kArithmeticVersion = 8;
 
 std::string arithmetic_identity() {
   return std::string(isa_name(active_isa())) + "/" + std::to_string(kArithmeticVersion);

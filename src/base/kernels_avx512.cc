@@ -171,34 +171,6 @@ float dot_w_q8_0(const void* w, const void* x, size_t n) {
   return sum;
 }
 
-inline __m256i unpack_q4(const uint8_t* qs) {
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
-  return _mm256_sub_epi8(_mm256_and_si256(both, _mm256_set1_epi8(0x0f)), _mm256_set1_epi8(8));
-}
-
-float dot_w_q4_0(const void* w, const void* x, size_t n) {
-  const auto* a = static_cast<const BlockQ4_0*>(w);
-  const auto* b = static_cast<const BlockQ8_0*>(x);
-  const size_t blocks = n / 32;
-  __m512 acc = _mm512_setzero_ps();
-  size_t i = 0;
-  for (; i + 2 <= blocks; i += 2) {
-    const __m512i qa =
-        _mm512_inserti64x4(_mm512_castsi256_si512(unpack_q4(a[i].qs)), unpack_q4(a[i + 1].qs), 1);
-    const __m512i qb = load_pair(b[i].qs, b[i + 1].qs);
-    const __m512 d = scale_pair(half(a[i].d) * half(b[i].d), half(a[i + 1].d) * half(b[i + 1].d));
-    acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot_i8_pair(qa, qb)), acc);
-  }
-  float sum = hsum512(acc);
-  if (i < blocks) {
-    const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs));
-    const __m256 d = _mm256_set1_ps(half(a[i].d) * half(b[i].d));
-    sum += hsum256(_mm256_mul_ps(d, _mm256_cvtepi32_ps(dot_i8_single(unpack_q4(a[i].qs), qb))));
-  }
-  return sum;
-}
-
 KVC_ATTENTION_LOOPS(dot_f32_avx512, dot_f16_f32_avx512, axpy_f32_avx512, axpy_f16_avx512)
 
 // The 16-float vectors attention_lanes.h is written over.
@@ -364,7 +336,7 @@ uint64_t read_sum_avx512(const uint64_t* p, size_t n) {
 const KernelTable* avx512_kernels() {
   static const KernelTable table = {
       // The unpacked types have no single-row dot here: their one-by-one GEMM tile is it.
-      {dot_w_f32, dot_w_f16, dot_w_bf16, dot_w_q8_0, dot_w_q4_0},
+      {dot_w_f32, dot_w_f16, dot_w_bf16, dot_w_q8_0},
       dot_f32_avx512,
       dot_f16_f32_avx512,
       axpy_f32_avx512,
