@@ -1,6 +1,7 @@
 // AVX-512 (F, BW, VL, DQ, VNNI) GEMM micro-kernels: a tile of activation rows against a tile
 // of weight rows, every output summed with exactly the operations, lanes and order of the
-// single-row dot in kernels_avx512.cc, so a row's result does not depend on its tile.
+// single-row dot in kernels_avx512.cc (f32, f16, bf16, q8_0; the other types' single row is
+// their tile of one), so a row's result does not depend on its tile.
 #include <immintrin.h>
 
 #include <array>
@@ -199,139 +200,6 @@ inline __m256i load256(const void* p) {
   return _mm256_loadu_si256(static_cast<const __m256i*>(p));
 }
 
-struct Q8Weights {
-  using Block = BlockQ8_0;
-  static constexpr bool kMinimum = false;
-  static constexpr int kBiasShift = 7;  // u = w + 128
-  static constexpr bool kNarrowUnsigned = false;
-  static __m256i values(const Block& b) { return load256(b.qs); }
-  // The 64 values of a pair of blocks plus 128, as unsigned bytes.
-  static __m512i pair_unsigned(const Block& b0, const Block& b1) {
-    return _mm512_xor_si512(pair_signed(b0, b1), _mm512_set1_epi8(static_cast<char>(0x80)));
-  }
-  static __m512i pair_signed(const Block& b0, const Block& b1) {
-    return join(values(b0), values(b1));
-  }
-};
-
-// The 32 nibbles of a q4_0-packed block in element order (low nibbles, then high ones).
-inline __m256i nibbles(const uint8_t* qs) {
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
-}
-
-// The 64 nibbles of a pair of q4_0-packed blocks in element order (first block's low then
-// high nibbles): each block's 16 bytes in both 128-bit lanes of its half, every second lane
-// shifted down a nibble, so that only loads and two operations unpack them.
-inline __m512i nibble_pair(const uint8_t* qs0, const uint8_t* qs1) {
-  const __m512i both = _mm512_inserti64x4(
-      _mm512_castsi256_si512(
-          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs0)))),
-      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs1))), 1);
-  return _mm512_and_si512(_mm512_srlv_epi64(both, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0)),
-                          _mm512_set1_epi8(0x0f));
-}
-
-// q4_0's values are nibbles minus 8. IntTile multiplies the nibbles themselves (unsigned, as
-// dpbusd wants its first operand) and takes the bias through the activations' sums instead.
-struct Q4Weights {
-  using Block = BlockQ4_0;
-  static constexpr bool kMinimum = false;
-  static constexpr int kBiasShift = 3;  // u = w + 8, the nibble
-  // narrow_column multiplies the nibbles and takes 8 sum(x) by a second dpbusd, where moving
-  // each sign onto its activation would cost more operations than the nibbles' unpacking.
-  static constexpr bool kNarrowUnsigned = true;
-  static __m256i values(const Block& b) {
-    return _mm256_sub_epi8(nibbles(b.qs), _mm256_set1_epi8(8));
-  }
-  static __m512i pair_unsigned(const Block& b0, const Block& b1) {
-    return nibble_pair(b0.qs, b1.qs);
-  }
-  static __m512i pair_signed(const Block& b0, const Block& b1) {
-    return _mm512_sub_epi8(nibble_pair(b0.qs, b1.qs), _mm512_set1_epi8(8));
-  }
-};
-
-// The 32 five-bit values of a q5-packed block: q4_0's nibbles plus 16 where qh's bit of the
-// element is set (one masked addition, qh's bits the mask).
-template <class B>
-inline __m256i five_bits(const B& b) {
-  const __m256i low = nibbles(b.qs);
-  return _mm256_mask_add_epi8(low, _cvtu32_mask32(load_u32_le(b.qh)), low, _mm256_set1_epi8(16));
-}
-
-// The 64 five-bit values of a pair of q5-packed blocks, as five_bits.
-template <class B>
-inline __m512i five_bit_pair(const B& b0, const B& b1) {
-  const __m512i low = nibble_pair(b0.qs, b1.qs);
-  const uint64_t fifth = load_u32_le(b0.qh) | static_cast<uint64_t>(load_u32_le(b1.qh)) << 32;
-  return _mm512_mask_add_epi8(low, _cvtu64_mask64(fifth), low, _mm512_set1_epi8(16));
-}
-
-// q5_0's values are five bits minus 16, taken unsigned as q4_0's.
-struct Q5Weights {
-  using Block = BlockQ5_0;
-  static constexpr bool kMinimum = false;
-  static constexpr int kBiasShift = 4;  // u = w + 16, the five bits
-  static constexpr bool kNarrowUnsigned = true;
-  static __m256i values(const Block& b) {
-    return _mm256_sub_epi8(five_bits(b), _mm256_set1_epi8(16));
-  }
-  static __m512i pair_unsigned(const Block& b0, const Block& b1) { return five_bit_pair(b0, b1); }
-  static __m512i pair_signed(const Block& b0, const Block& b1) {
-    return _mm512_sub_epi8(pair_unsigned(b0, b1), _mm512_set1_epi8(16));
-  }
-};
-
-// q4_1 and q5_1: value = d q + m, q unsigned (nibbles, five bits). IntTile multiplies q as it is
-// and takes the minimum as a second term per block, (m dx) times the activations' sums of four
-// (kMinimum); values() gives q itself.
-struct Q41Weights {
-  using Block = BlockQ4_1;
-  static constexpr bool kMinimum = true;
-  static constexpr int kBiasShift = 0;  // no bias: q goes in as it is
-  static constexpr bool kNarrowUnsigned = true;
-  static __m256i values(const Block& b) { return nibbles(b.qs); }
-  static __m512i pair_unsigned(const Block& b0, const Block& b1) {
-    return nibble_pair(b0.qs, b1.qs);
-  }
-};
-
-struct Q51Weights {
-  using Block = BlockQ5_1;
-  static constexpr bool kMinimum = true;
-  static constexpr int kBiasShift = 0;  // no bias: q goes in as it is
-  static constexpr bool kNarrowUnsigned = true;
-  static __m256i values(const Block& b) { return five_bits(b); }
-  static __m512i pair_unsigned(const Block& b0, const Block& b1) { return five_bit_pair(b0, b1); }
-};
-
-// iq4_nl: q4_0's nibbles looked up in the table of levels, plus 128 for the unsigned form (the
-// table in every 128-bit lane, as vpshufb looks up within lanes).
-struct IQ4NLWeights {
-  using Block = BlockIQ4_NL;
-  static constexpr bool kMinimum = false;
-  static constexpr int kBiasShift = 7;  // u = w + 128
-  // The unsigned levels come from the same one lookup as the signed ones, so the second dpbusd
-  // costs less than the signs' mask and absolute value (one row, from the cache: 24 -> 26 GB/s).
-  static constexpr bool kNarrowUnsigned = true;
-  static __m128i levels() {
-    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues));
-  }
-  static __m256i values(const Block& b) {
-    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(levels()), nibbles(b.qs));
-  }
-  static __m512i pair_unsigned(const Block& b0, const Block& b1) {
-    const __m512i unsigned_levels = _mm512_xor_si512(_mm512_broadcast_i32x4(levels()),
-                                                     _mm512_set1_epi8(static_cast<char>(0x80)));
-    return _mm512_shuffle_epi8(unsigned_levels, nibble_pair(b0.qs, b1.qs));
-  }
-  static __m512i pair_signed(const Block& b0, const Block& b1) {
-    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(levels()), nibble_pair(b0.qs, b1.qs));
-  }
-};
-
 // Both f16 scales of a block pair as f32, each in its own half of the register.
 inline __m512 scale_pair(const uint16_t* lo, const uint16_t* hi) {
   const __m256i both =
@@ -340,28 +208,28 @@ inline __m512 scale_pair(const uint16_t* lo, const uint16_t* hi) {
   return _mm512_cvtph_ps(both);
 }
 
-// Integer weights against q8_0 activations, two blocks per register, as dot_w_q8_0 and
-// dot_w_q4_0 in kernels_avx512.cc. dpbusd multiplies unsigned by signed bytes, so the weights
-// go in as unsigned values u = w + bias (q8_0: w + 128, one xor; q4_0: the nibbles, w + 8; q5_0:
-// the five bits, w + 16) and the activations as they are; -bias * sum(x) is added through
-// dpbusd's accumulator input, taken from the prepared row (its sums of four once per row per
-// call). The int32 sums are exact, so the single-row kernel's results come out bit for bit.
-// Weights with a minimum (q4_1, q5_1: d q + m) take q with no bias, and each lane then adds
-// (m dx) times its activations' sum of four by a second fused multiply-add.
-template <class W>
-struct IntTile {
+// q8_0 weights against q8_0 activations, two blocks per register, as dot_w_q8_0 in
+// kernels_avx512.cc. dpbusd multiplies unsigned by signed bytes, so the tiles take the weights
+// as u = w + 128 (one xor) and the activations as they are, -128 sum(x) added through dpbusd's
+// accumulator input from the prepared row (its sums of four once per row per call); decode's
+// narrow column moves each weight's sign onto its activation instead. The int32 sums are exact,
+// so the single-row kernel's results come out bit for bit.
+struct Q8Tile {
   static constexpr int kRows = 4;
   static constexpr int kCols = 4;
-  using WBlock = typename W::Block;
 
   // A prepared activation row: per pair of blocks, their 64 values, their two scales as 16
-  // floats (lanes 0-7 the first block's, 8-15 the second's) and -bias times each group of
-  // four's sum (with a minimum: the sum itself); then an odd last block as it was.
+  // floats (lanes 0-7 the first block's, 8-15 the second's) and -128 times each group of
+  // four's sum; then an odd last block as it was.
   struct PairX {
     int8_t values[64];
     float scales[16];
     int32_t bias[16];
   };
+
+  static __m512i pair_signed(const BlockQ8_0& b0, const BlockQ8_0& b1) {
+    return join(load256(b0.qs), load256(b1.qs));
+  }
 
   static const uint8_t* prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
                                 size_t* stride) {
@@ -372,15 +240,11 @@ struct IntTile {
       const auto* b = row_at<BlockQ8_0>(x, x_stride, static_cast<int>(r));
       auto* p = reinterpret_cast<PairX*>(out + r * *stride);
       for (size_t i = 0; i < pairs; ++i) {
-        const __m512i v = join(load256(b[2 * i].qs), load256(b[2 * i + 1].qs));
+        const __m512i v = pair_signed(b[2 * i], b[2 * i + 1]);
         _mm512_storeu_si512(p[i].values, v);
         const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), v);
-        if constexpr (W::kMinimum) {
-          _mm512_storeu_si512(p[i].bias, sums);
-        } else {
-          _mm512_storeu_si512(p[i].bias, _mm512_sub_epi32(_mm512_setzero_si512(),
-                                                          _mm512_slli_epi32(sums, W::kBiasShift)));
-        }
+        _mm512_storeu_si512(p[i].bias,
+                            _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 7)));
         _mm512_storeu_ps(p[i].scales, scale_pair(&b[2 * i].d, &b[2 * i + 1].d));
       }
       if (n / 32 % 2 != 0) {
@@ -393,9 +257,9 @@ struct IntTile {
   template <int MR, int NR>
   static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
                    size_t ys) {
-    const WBlock* a[NR];
+    const BlockQ8_0* a[NR];
     const PairX* b[MR];
-    for (int j = 0; j < NR; ++j) a[j] = row_at<WBlock>(w, ws, j);
+    for (int j = 0; j < NR; ++j) a[j] = row_at<BlockQ8_0>(w, ws, j);
     for (int r = 0; r < MR; ++r) b[r] = row_at<PairX>(x, xs, r);
     const size_t blocks = n / 32;
     __m512 acc[MR][NR];
@@ -404,12 +268,12 @@ struct IntTile {
     size_t i = 0;
     for (; i + 2 <= blocks; i += 2) {
       __m512i wu[NR];
-      __m512 dw[NR], mw[NR];
+      __m512 dw[NR];
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
-        wu[j] = W::pair_unsigned(a[j][i], a[j][i + 1]);
+        wu[j] = _mm512_xor_si512(pair_signed(a[j][i], a[j][i + 1]),
+                                 _mm512_set1_epi8(static_cast<char>(0x80)));
         dw[j] = scale_pair(&a[j][i].d, &a[j][i + 1].d);
-        if constexpr (W::kMinimum) mw[j] = scale_pair(&a[j][i].m, &a[j][i + 1].m);
       }
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
@@ -417,24 +281,11 @@ struct IntTile {
         const __m512i xv = _mm512_loadu_si512(px.values);
         const __m512 dx = _mm512_loadu_ps(px.scales);
         const __m512i bias = _mm512_loadu_si512(px.bias);
-        if constexpr (W::kMinimum) {
-          const __m512 sums = _mm512_cvtepi32_ps(bias);
 #pragma GCC unroll 8
-          for (int j = 0; j < NR; ++j) {
-            // Exact int32 sums of four products q x, then the minimum's term m sum(x).
-            const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wu[j], xv);
-            acc[r][j] =
-                _mm512_fmadd_ps(_mm512_mul_ps(dw[j], dx), _mm512_cvtepi32_ps(dot), acc[r][j]);
-            acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(mw[j], dx), sums, acc[r][j]);
-          }
-        } else {
-#pragma GCC unroll 8
-          for (int j = 0; j < NR; ++j) {
-            // Exact int32 sums of four products: u x - bias sum(x) with w = u - bias.
-            const __m512i dot = _mm512_dpbusd_epi32(bias, wu[j], xv);
-            acc[r][j] =
-                _mm512_fmadd_ps(_mm512_mul_ps(dw[j], dx), _mm512_cvtepi32_ps(dot), acc[r][j]);
-          }
+        for (int j = 0; j < NR; ++j) {
+          // Exact int32 sums of four products: u x - 128 sum(x) with w = u - 128.
+          const __m512i dot = _mm512_dpbusd_epi32(bias, wu[j], xv);
+          acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[j], dx), _mm512_cvtepi32_ps(dot), acc[r][j]);
         }
       }
     }
@@ -444,25 +295,14 @@ struct IntTile {
       const auto& last = *reinterpret_cast<const BlockQ8_0*>(b[r] + blocks / 2);
       for (int j = 0; j < NR; ++j) {
         const float sum = sums[r * NR + j];
-        y[r * ys + j] = i < blocks ? sum + odd_block(a[j][i], last) : sum;
+        y[r * ys + j] = i < blocks ? sum + odd_block(a[j][i], last.qs, half(last.d)) : sum;
       }
     }
   }
 
   // A row's last block when its count is odd, summed alone.
-  static float odd_block(const WBlock& w, const BlockQ8_0& x) {
-    return odd_block(w, x.qs, half(x.d));
-  }
-  static float odd_block(const WBlock& w, const int8_t* x_values, float x_scale) {
-    if constexpr (W::kMinimum) {
-      const __m256i xv = load256(x_values);
-      const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), W::values(w), xv);
-      const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), xv);
-      return hsum256(_mm256_fmadd_ps(
-          _mm256_set1_ps(half(w.m) * x_scale), _mm256_cvtepi32_ps(sums),
-          _mm256_mul_ps(_mm256_set1_ps(half(w.d) * x_scale), _mm256_cvtepi32_ps(dot))));
-    }
-    const __m256i wv = W::values(w);
+  static float odd_block(const BlockQ8_0& w, const int8_t* x_values, float x_scale) {
+    const __m256i wv = load256(w.qs);
     const __m256i offset8 = _mm256_set1_epi8(static_cast<char>(0x80));
     const __m256i corr8 = _mm256_sub_epi32(
         _mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), offset8, wv));
@@ -478,65 +318,34 @@ struct IntTile {
   }
 
   // narrow_prepare()'s rows against one weight row. Each weight's sign moves onto its
-  // activation, |w| * +-x, so dpbusd needs no bias, or (kNarrowUnsigned) the unsigned weights
-  // meet the activations as they are and a second dpbusd gives the bias's sum; either way the
-  // int32 sums, exact, are the tile's. The two blocks' scale products are formed in one 128-bit
-  // multiply and spread over their halves (the same products as the tile's 512-bit one): every
-  // bit after the sums is the tile's too. (Activations are quantised to [-127, 127], so
-  // negating one never overflows; |-128| is 128 as dpbusd's unsigned operand.)
+  // activation, |w| * +-x, so dpbusd needs no bias; the int32 sums, exact, are the tile's. The
+  // two blocks' scale products are formed in one 128-bit multiply and spread over their halves
+  // (the same products as the tile's 512-bit one): every bit after the sums is the tile's too.
+  // (Activations are quantised to [-127, 127], so negating one never overflows; |-128| is 128
+  // as dpbusd's unsigned operand.)
   template <int MR>
   static void narrow_column(const uint8_t* w, const uint8_t* const (&x)[MR], size_t n, float* y,
                             size_t ys) {
-    const auto* a = reinterpret_cast<const WBlock*>(w);
+    const auto* a = reinterpret_cast<const BlockQ8_0*>(w);
     const NarrowQ8_0Rows<MR> rows(x, n);
     const int8_t* const(&xv)[MR] = rows.values;
     const float* const(&xd)[MR] = rows.scales;
     const size_t blocks = n / 32;
     // Lanes 0-7 take element 0 (the first block's scale), lanes 8-15 element 1.
     const __m512i halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i bias = _mm512_set1_epi8(static_cast<char>(1 << W::kBiasShift));
     __m512 acc[MR][1];
     for (int r = 0; r < MR; ++r) acc[r][0] = _mm512_setzero_ps();
     size_t i = 0;
     for (; i + 2 <= blocks; i += 2) {
-      __m512i wq;
-      __mmask64 negative = 0;
-      if constexpr (W::kNarrowUnsigned) {
-        wq = W::pair_unsigned(a[i], a[i + 1]);
-      } else {
-        const __m512i wv = W::pair_signed(a[i], a[i + 1]);
-        negative = _mm512_movepi8_mask(wv);
-        wq = _mm512_abs_epi8(wv);
-      }
+      const __m512i wv = pair_signed(a[i], a[i + 1]);
+      const __mmask64 negative = _mm512_movepi8_mask(wv);
+      const __m512i wq = _mm512_abs_epi8(wv);
       const __m128 dw = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(a[i].d), a[i + 1].d, 1));
-      if constexpr (W::kMinimum) {
-        const __m128 mw = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(a[i].m), a[i + 1].m, 1));
-#pragma GCC unroll 4
-        for (int r = 0; r < MR; ++r) {
-          const __m512i xq = _mm512_load_si512(xv[r] + 32 * i);
-          const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xq);
-          const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), xq);
-          const __m128 dx = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(xd[r] + i)));
-          const __m512 d =
-              _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_mul_ps(dw, dx)));
-          const __m512 m =
-              _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_mul_ps(mw, dx)));
-          acc[r][0] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot), acc[r][0]);
-          acc[r][0] = _mm512_fmadd_ps(m, _mm512_cvtepi32_ps(sums), acc[r][0]);
-        }
-        continue;
-      }
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) {
         const __m512i xq = _mm512_load_si512(xv[r] + 32 * i);
-        __m512i dot;
-        if constexpr (W::kNarrowUnsigned) {
-          dot = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xq),
-                                 _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, xq));
-        } else {
-          const __m512i signed_x = _mm512_mask_sub_epi8(xq, negative, _mm512_setzero_si512(), xq);
-          dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, signed_x);
-        }
+        const __m512i signed_x = _mm512_mask_sub_epi8(xq, negative, _mm512_setzero_si512(), xq);
+        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, signed_x);
         const __m128 dx = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(xd[r] + i)));
         const __m512 d = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_mul_ps(dw, dx)));
         acc[r][0] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot), acc[r][0]);
@@ -918,7 +727,7 @@ const GemmTable* avx512_gemm() {
       gemm_f32,
       gemm_tiled<Half16Tile<LoadF16>>,
       gemm_tiled<Half16Tile<LoadBf16>>,
-      gemm_tiled<IntTile<Q8Weights>>,
+      gemm_tiled<Q8Tile>,
       gemm_tiled<FourBlockTile<Q4FourBlocks>>,
       gemm_tiled<FourBlockTile<Q41FourBlocks>>,
       gemm_tiled<FourBlockTile<Q5FourBlocks>>,

@@ -404,6 +404,76 @@ TEST(GemmAvx2, IntegerTypesSumInTheirDocumentedOrder) {
   }
 }
 
+// The order AVX-512 sums the 16-byte-packed types in (gemm_avx512.cc's FourBlockTile), written
+// out one scalar at a time: blocks four at a time, lane l taking block 4g + l / 4 of group g and
+// the eight elements whose fours are 4 (l % 4) and 16 + 4 (l % 4); the lane's exact integer sum
+// times the product of the two scales joins its total by a fused multiply-add (q4_1, q5_1: then
+// the product of the minimum and the activation scale times the lane's activation sum, fused
+// too); a short last group's absent blocks add fma(0, 0, total); the 16 lanes summed as hsum512.
+float four_block_reference(DType t, const uint8_t* w, const uint8_t* x, size_t n) {
+  const size_t blocks = n / 32;
+  const auto* xb = reinterpret_cast<const BlockQ8_0*>(x);
+  const bool minimum = t == DType::Q4_1 || t == DType::Q5_1;
+  float total[16] = {};
+  for (size_t g = 0; g < (blocks + 3) / 4; ++g) {
+    for (int l = 0; l < 16; ++l) {
+      const size_t b = 4 * g + l / 4;
+      if (b >= blocks) {
+        total[l] = std::fma(0.0f, 0.0f, total[l]);
+        if (minimum) total[l] = std::fma(0.0f, 0.0f, total[l]);
+        continue;
+      }
+      const uint8_t* wb = w + b * block_bytes(t);
+      int32_t sum = 0, x_sum = 0;
+      for (int half_block = 0; half_block < 2; ++half_block) {
+        for (int i = 0; i < 4; ++i) {
+          const int e = 16 * half_block + 4 * (l % 4) + i;
+          sum += weight_value(t, wb, e) * xb[b].qs[e];
+          x_sum += xb[b].qs[e];
+        }
+      }
+      uint16_t dw = 0, mw = 0;
+      std::memcpy(&dw, wb, sizeof dw);
+      const float dx = f16_to_f32(xb[b].d);
+      total[l] = std::fma(f16_to_f32(dw) * dx, static_cast<float>(sum), total[l]);
+      if (minimum) {
+        std::memcpy(&mw, wb + sizeof dw, sizeof mw);
+        total[l] = std::fma(f16_to_f32(mw) * dx, static_cast<float>(x_sum), total[l]);
+      }
+    }
+  }
+  for (int width = 16; width > 1; width /= 2) {
+    for (int i = 0; i < width / 2; ++i) total[i] += total[i + width / 2];
+  }
+  return total[0];
+}
+
+// AVX-512's four-block tiles (decode's one weight row at a time, and tiles of several rows and
+// columns) give the bits of the order they document, computed here without them.
+TEST(GemmAvx512, FourBlockTypesSumInTheirDocumentedOrder) {
+  if (kernels::best_isa() < Isa::kAvx512) GTEST_SKIP() << "this CPU lacks avx512: not tested";
+  IsaGuard guard;
+  kernels::set_isa(Isa::kAvx512);
+  kernels::set_gemm_tiles(true);
+  for (DType wt : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4_NL}) {
+    for (size_t n : {32u, 96u, 128u, 224u, 2080u}) {
+      for (size_t n_x : {1u, 4u, 5u, 18u}) {
+        const Operands ops(wt, n, 13, n_x, static_cast<uint32_t>(n + n_x));
+        const std::vector<float> y = ops.gemm();
+        for (size_t r = 0; r < n_x; ++r) {
+          for (size_t c = 0; c < ops.n_w; ++c) {
+            const float want =
+                four_block_reference(wt, &ops.w[c * ops.w_stride], &ops.x[r * ops.x_stride], n);
+            ASSERT_TRUE(same_bits(y[r * ops.n_w + c], want))
+                << describe(wt, n, ops.n_w, n_x, r, c) << ": " << y[r * ops.n_w + c]
+                << " != " << want;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The order the SIMD K-quant tiles sum in (gemm_avx512.cc's KQuantTile512 over 16 lanes,
 // gemm_unpacked.h's KQuantTile256 over 8), written out one scalar at a time from the scalar
 // unpacking: per super-block, lane l's exact integer S_l sums scale[e / 16] * q[e] * x[e] over
