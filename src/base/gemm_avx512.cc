@@ -364,7 +364,7 @@ struct Q8Tile {
 // e + 16 in the same byte of a second, so that two chained dpbusd give each 32-bit lane the
 // exact sum of eight products of one block (lane l: block l / 4) and a block's scales meet its
 // four lanes once: one conversion and one fused multiply-add per 128 values where pairs of
-// blocks took two (one row from the cache, q4_0: 28 -> 50 GB/s). A group's fields are gathered
+// blocks took two (one row from the cache, q4_0: 28 -> 48-54 GB/s). A group's fields are gathered
 // 16 bits at a time from its bytes (every field starts at an even offset).
 struct Q4FourBlocks {
   using Block = BlockQ4_0;
@@ -434,6 +434,7 @@ struct FourBlockTile {
   // 0-15 block k / 4's scale, 16-31 its minimum (the scale again without one).
   static constexpr auto kScaleWords = gather(
       0, [](int k) { return k % 16 / 4; }, [](int k) { return k >= 16 && W::kMinimum ? 1 : 0; });
+
   // One group's weights: unsigned values as GroupX's, scales (and minima) per lane.
   struct Group {
     __m512i low, high;
@@ -441,8 +442,8 @@ struct FourBlockTile {
   };
 
   // The group at p: its first 64 bytes, and its last 32 (a load that ends at the group's end,
-  // within the row) as vpermt2w's second table, words 32-47. (A masked load there, past the
-  // group, ran the GEMV from memory at 15 GB/s instead of 25 on one core: AMD's masked loads
+  // within the row) as vpermt2w's second table, words 32-47. (A masked load of the bytes past
+  // 64 instead ran the GEMV from memory at 15 GB/s, not 25, on one core: AMD's masked loads
   // wait on their misses.)
   static Group load(const uint8_t* p) {
     const __m512i first = _mm512_loadu_si512(p);
