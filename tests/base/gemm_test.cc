@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <tuple>
 #include <vector>
@@ -377,23 +378,23 @@ float grouped_int_reference(DType t, const uint8_t* w, const uint8_t* x, size_t 
   return total;
 }
 
-// AVX2's integer kernels (its narrow column and its tiles of eight weight rows laid side by
-// side) give the bits of the order they document, computed here without them.
-TEST(GemmAvx2, IntegerTypesSumInTheirDocumentedOrder) {
-  if (kernels::best_isa() < Isa::kAvx2) GTEST_SKIP() << "this CPU lacks avx2: not tested";
+// Every output of the gemm on `isa`, for each of `types`, rows of each of `lengths` and 1, 4,
+// 5 and 18 activation rows against 13 weight rows, has the bits reference(type, weight row,
+// activation row, length) gives.
+template <class Reference>
+void expect_documented_order(Isa isa, std::initializer_list<DType> types,
+                             std::initializer_list<size_t> lengths, Reference reference) {
   IsaGuard guard;
-  kernels::set_isa(Isa::kAvx2);
+  kernels::set_isa(isa);
   kernels::set_gemm_tiles(true);
-  for (DType wt :
-       {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4_NL}) {
-    for (size_t n : {32u, 224u, 256u, 288u, 2080u}) {
+  for (DType wt : types) {
+    for (size_t n : lengths) {
       for (size_t n_x : {1u, 4u, 5u, 18u}) {
         const Operands ops(wt, n, 13, n_x, static_cast<uint32_t>(n + n_x));
         const std::vector<float> y = ops.gemm();
         for (size_t r = 0; r < n_x; ++r) {
           for (size_t c = 0; c < ops.n_w; ++c) {
-            const float want =
-                grouped_int_reference(wt, &ops.w[c * ops.w_stride], &ops.x[r * ops.x_stride], n);
+            const float want = reference(wt, &ops.w[c * ops.w_stride], &ops.x[r * ops.x_stride], n);
             ASSERT_TRUE(same_bits(y[r * ops.n_w + c], want))
                 << describe(wt, n, ops.n_w, n_x, r, c) << ": " << y[r * ops.n_w + c]
                 << " != " << want;
@@ -402,6 +403,15 @@ TEST(GemmAvx2, IntegerTypesSumInTheirDocumentedOrder) {
       }
     }
   }
+}
+
+// AVX2's integer kernels (its narrow column and its tiles of eight weight rows laid side by
+// side) give the bits of the order they document, computed here without them.
+TEST(GemmAvx2, IntegerTypesSumInTheirDocumentedOrder) {
+  if (kernels::best_isa() < Isa::kAvx2) GTEST_SKIP() << "this CPU lacks avx2: not tested";
+  expect_documented_order(
+      Isa::kAvx2, {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4_NL},
+      {32u, 224u, 256u, 288u, 2080u}, grouped_int_reference);
 }
 
 // The order AVX-512 sums the 16-byte-packed types in (gemm_avx512.cc's FourBlockTile), written
@@ -452,26 +462,9 @@ float four_block_reference(DType t, const uint8_t* w, const uint8_t* x, size_t n
 // columns) give the bits of the order they document, computed here without them.
 TEST(GemmAvx512, FourBlockTypesSumInTheirDocumentedOrder) {
   if (kernels::best_isa() < Isa::kAvx512) GTEST_SKIP() << "this CPU lacks avx512: not tested";
-  IsaGuard guard;
-  kernels::set_isa(Isa::kAvx512);
-  kernels::set_gemm_tiles(true);
-  for (DType wt : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4_NL}) {
-    for (size_t n : {32u, 96u, 128u, 224u, 2080u}) {
-      for (size_t n_x : {1u, 4u, 5u, 18u}) {
-        const Operands ops(wt, n, 13, n_x, static_cast<uint32_t>(n + n_x));
-        const std::vector<float> y = ops.gemm();
-        for (size_t r = 0; r < n_x; ++r) {
-          for (size_t c = 0; c < ops.n_w; ++c) {
-            const float want =
-                four_block_reference(wt, &ops.w[c * ops.w_stride], &ops.x[r * ops.x_stride], n);
-            ASSERT_TRUE(same_bits(y[r * ops.n_w + c], want))
-                << describe(wt, n, ops.n_w, n_x, r, c) << ": " << y[r * ops.n_w + c]
-                << " != " << want;
-          }
-        }
-      }
-    }
-  }
+  expect_documented_order(Isa::kAvx512,
+                          {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4_NL},
+                          {32u, 96u, 128u, 224u, 2080u}, four_block_reference);
 }
 
 // The order the SIMD K-quant tiles sum in (gemm_avx512.cc's KQuantTile512 over 16 lanes,
