@@ -116,8 +116,8 @@ struct Direct256 {
 // q4_K and q5_K's scales and minima, unpacked from the block's first 16 bytes (d, dmin and the
 // 12 packed bytes) in one register, with no scalar work: the eight 6-bit scales in bytes 0-7 and
 // the eight minima in 8-15, then each twice as 16-bit lanes (q4_K's sub-blocks of 32 cover two
-// of 16). (The scalar form, k4_scale_words' and two f16 conversions, cost q4_K's one-row GEMV
-// a third of its time.)
+// of 16). (Against the scalar form, k4_scale_words' and two f16 conversions: one row of q4_K
+// from the cache 28 -> 30 GB/s on AVX-512.)
 template <class B>
 inline KScales k4_scales(const B& b) {
   static_assert(offsetof(B, d) == 0 && offsetof(B, dmin) == 2 && offsetof(B, scales) == 4);
