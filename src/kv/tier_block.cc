@@ -51,6 +51,15 @@ uint64_t payload_checksum(std::span<const uint8_t> payload) {
   return XXH3_64bits(payload.data(), payload.size());
 }
 
+namespace {
+
+// The check of a header's first kTierHeaderBytes - 4 bytes, stored in its last four.
+uint32_t header_checksum(std::span<const uint8_t> header) {
+  return static_cast<uint32_t>(XXH3_64bits(header.data(), kTierHeaderBytes - 4));
+}
+
+}  // namespace
+
 TierBlockHeader make_tier_header(const TierIdentity& identity, const Hash256& ns,
                                  const Hash256& block_hash, uint32_t token_count) {
   TierBlockHeader h;
@@ -89,7 +98,7 @@ std::array<uint8_t, kTierHeaderBytes> encode_tier_header(const TierBlockHeader& 
   w.u64(h.payload_checksum);
   w.bytes(h.nonce.data(), h.nonce.size());
   w.bytes(h.tag.data(), h.tag.size());
-  w.u32(0);
+  w.u32(header_checksum(out));
   return out;
 }
 
@@ -110,6 +119,10 @@ std::optional<TierBlockHeader> decode_tier_header(std::span<const uint8_t> bytes
   h.version = r.u32();
   if (h.version != kTierBlockVersion) {
     why = fmt::format("format version {} (this build reads {})", h.version, kTierBlockVersion);
+    return std::nullopt;
+  }
+  if (Reader{bytes, kTierHeaderBytes - 4}.u32() != header_checksum(bytes)) {
+    why = "header checksum mismatch (a damaged header, or one torn by a crash mid-write)";
     return std::nullopt;
   }
   const uint32_t size = r.u32();

@@ -9,9 +9,11 @@
 // Layout (little-endian, 192 bytes): magic "KVCB", format version, header size, flags,
 // model fingerprint (32), namespace (32), block hash (32), n_layers, n_kv_heads, head_dim,
 // block_tokens, K dtype, V dtype, token count, raw bytes, payload bytes (8), payload XXH3-64
-// (8), nonce (12), tag (16), reserved (4). The stored payload is the block's bytes as the pool
-// holds them (raw bytes long), lz4- or zstd-compressed when a compression flag is set, then
-// AES-256-GCM ciphertext when kEncrypted is set (see TierCodec).
+// (8), nonce (12), tag (16), the low 32 bits of the XXH3-64 of the 188 bytes before them (so
+// that a header torn by a crash mid-write, its first part new and the rest old, is never taken
+// for a block: a header spanning two pages can be cut between them). The stored payload is the
+// block's bytes as the pool holds them (raw bytes long), lz4- or zstd-compressed when a compression
+// flag is set, then AES-256-GCM ciphertext when kEncrypted is set (see TierCodec).
 //
 // Thread-safety: pure functions over values; safe from any thread.
 #pragma once
@@ -30,7 +32,8 @@
 
 namespace kvc::kv {
 
-inline constexpr uint32_t kTierBlockVersion = 1;
+// 2: the header's last four bytes check the rest of it (were zero).
+inline constexpr uint32_t kTierBlockVersion = 2;
 inline constexpr size_t kTierHeaderBytes = 192;
 
 // What a stored block must match to be used here: the same model and the same layout (the
