@@ -19,6 +19,13 @@ inline void unpack_block(const U*, const typename U::Block& b, Out& out) {
   U::unpack(b, out);
 }
 
+// Byte e of the result is 16 where bit e % 8 of byte e of spread is set, else 0.
+inline __m256i sixteen_where_bit_set(__m256i spread) {
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                          _mm256_set1_epi8(0x10));
+}
+
 // Byte e of the result is 16 where bit e of qh's little-endian 32 bits is set, else 0.
 inline __m256i unpack_fifth_bits(const uint8_t* qh) {
   const __m256i bits = _mm256_set1_epi32(static_cast<int>(load_u32_le(qh)));
@@ -26,9 +33,7 @@ inline __m256i unpack_fifth_bits(const uint8_t* qh) {
   const __m256i spread =
       _mm256_shuffle_epi8(bits, _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2,
                                                  2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
-  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+  return sixteen_where_bit_set(spread);
 }
 
 // Bits 2j and 2j + 1 of each byte of v (j < 4; 16-bit shifts keep them in their byte).
