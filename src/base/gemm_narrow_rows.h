@@ -7,11 +7,11 @@
 //
 // A row's values (a block's 32, or a block pair's 64, in one aligned load; in block order, or
 // for AVX2's nibble types in decode, their halves paired as narrow_q8_0_rows says) and then
-// its blocks' scales as floats (and, for AVX2's q4_0 and q5_0, each block's scaled sum of
-// values as int32): 34 (38) bytes per 32 values, about the quantised row's, so that a row of
-// 5,632 values keeps 6 KB of the first-level cache, where the tiles' prepared layout (64 or 96
-// bytes per 32 values) slowed the weight stream beside it (the GEMV of 2,048 x 5,632 q8_0
-// weights on 2 threads, interleaved: 1.2-1.4x).
+// its blocks' scales as floats (and, for AVX2's unsigned types q4_0, q5_0, q4_1 and q5_1, each
+// block's scaled sum of values as int32): 34 (38) bytes per 32 values, about the quantised row's,
+// so that a row of 5,632 values keeps 6 KB of the first-level cache, where the tiles' prepared
+// layout (64 or 96 bytes per 32 values) slowed the weight stream beside it (the GEMV of 2,048 x
+// 5,632 q8_0 weights on 2 threads, interleaved: 1.2-1.4x).
 #pragma once
 
 // Rewrites n_x q8_0 rows of n values (x_stride bytes apart) into the per-thread scratch, and
