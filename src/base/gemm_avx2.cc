@@ -250,17 +250,15 @@ struct IQ4NLWeights {
   using Block = BlockIQ4_NL;
   static constexpr bool kMinimum = false;
   static constexpr bool kUnsigned = false;
-  static __m256i values(const Block& b) {
-    const __m256i levels = _mm256_broadcastsi128_si256(
+  static __m256i levels() {
+    return _mm256_broadcastsi128_si256(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues)));
-    return _mm256_shuffle_epi8(levels, nibbles(b.qs));
   }
+  static __m256i values(const Block& b) { return _mm256_shuffle_epi8(levels(), nibbles(b.qs)); }
   static void pair(const Block& a, const Block& b, __m256i& lo, __m256i& hi) {
-    const __m256i levels = _mm256_broadcastsi128_si256(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues)));
     nibble_pair(a.qs, b.qs, lo, hi);
-    lo = _mm256_shuffle_epi8(levels, lo);
-    hi = _mm256_shuffle_epi8(levels, hi);
+    lo = _mm256_shuffle_epi8(levels(), lo);
+    hi = _mm256_shuffle_epi8(levels(), hi);
   }
 };
 
@@ -481,10 +479,10 @@ struct GroupedInt {
     W::pair(b, b, v, v);
   };
 
-  // group_sums' int32 sums of a whole group, for kPaired weights, two blocks (t+p, t+p+4) to a
-  // vector: a 128-bit lane's four int32 are one block's eight products each (unsigned values
-  // below 32 add their two maddubs pairs as int16, below 2 * 2 * 31 * 127), so hadd of hadd puts
-  // block t+j in lane j. One unpack and one madd per two blocks, three hadd per group, against
+  // group_sums' int32 sums of a whole group before the bias, for kPaired weights, two blocks (t+p,
+  // t+p+4) to a vector: a 128-bit lane's four int32 are one block's eight products each (unsigned
+  // values below 32 add their two maddubs pairs as int16, below 2 * 2 * 31 * 127), so hadd of hadd
+  // puts block t+j in lane j. One unpack and one madd per two blocks, three hadd per group, against
   // two and six. One thread, one activation row, rows of 2,048 from the cache: q4_0 18.7 -> 24.3
   // GB/s, q4_1 18.0 -> 22.5, q5_0 15.5 -> 18.0, q5_1 15.2 -> 18.1, iq4_nl 13.3 -> 17.3; 512 MiB
   // of 5,632-wide rows from memory: q4_0 17.2 -> 22.9, q4_1 17.2 -> 21.4, iq4_nl 13.5 -> 17.3.
@@ -519,25 +517,13 @@ struct GroupedInt {
     }
   }
 
-  // The int32 sums of blocks t..t+7 of one row-major weight row against MR activation rows,
-  // lane j block t + j (0 past count blocks): a whole group of kPaired weights through
-  // paired_group_sums, else each block's eight lanes reduced by pairs of blocks, then pairs of
-  // pairs, then the two 128-bit halves.
+  // group_sums' int32 sums before the bias, each block's eight lanes reduced by pairs of blocks,
+  // then pairs of pairs, then the two 128-bit halves.
   template <int MR>
-  [[gnu::always_inline]] static inline void group_sums(const WBlock* a, const NarrowQ8_0Rows<MR>& x,
-                                                       size_t t, int count, __m256i (&sums)[MR]) {
-    if constexpr (kPaired) {
-      if (count == 8) {
-        paired_group_sums<MR>(a, x, t, sums);
-        if constexpr (W::kUnsigned && !W::kMinimum) {
-          for (int r = 0; r < MR; ++r) {
-            sums[r] = _mm256_add_epi32(
-                sums[r], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums[r] + t)));
-          }
-        }
-        return;
-      }
-    }
+  [[gnu::always_inline]] static inline void unpaired_group_sums(const WBlock* a,
+                                                                const NarrowQ8_0Rows<MR>& x,
+                                                                size_t t, int count,
+                                                                __m256i (&sums)[MR]) {
     __m256i quads[2][MR];
 #pragma GCC unroll 2
     for (int quad = 0; quad < 2; ++quad) {
@@ -568,10 +554,31 @@ struct GroupedInt {
       sums[r] = _mm256_add_epi32(_mm256_permute2x128_si256(quads[0][r], quads[1][r], 0x20),
                                  _mm256_permute2x128_si256(quads[0][r], quads[1][r], 0x31));
     }
+  }
+
+  // The int32 sums of blocks t..t+7 of one row-major weight row against MR activation rows,
+  // lane j block t + j (0 past count blocks), with the activations' scaled block sums added
+  // where the weights go in unsigned with a bias: a whole group of kPaired weights through
+  // paired_group_sums, others through unpaired_group_sums.
+  template <int MR>
+  [[gnu::always_inline]] static inline void group_sums(const WBlock* a, const NarrowQ8_0Rows<MR>& x,
+                                                       size_t t, int count, __m256i (&sums)[MR]) {
+    if constexpr (kPaired) {
+      if (count == 8) {
+        paired_group_sums<MR>(a, x, t, sums);
+      } else {
+        unpaired_group_sums<MR>(a, x, t, count, sums);
+      }
+    } else {
+      unpaired_group_sums<MR>(a, x, t, count, sums);
+    }
     if constexpr (W::kUnsigned && !W::kMinimum) {
       const __m256i present = lanes_below(count);
       for (int r = 0; r < MR; ++r) {
-        sums[r] = _mm256_add_epi32(sums[r], _mm256_maskload_epi32(x.sums[r] + t, present));
+        const __m256i block_sums =
+            count == 8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums[r] + t))
+                       : _mm256_maskload_epi32(x.sums[r] + t, present);
+        sums[r] = _mm256_add_epi32(sums[r], block_sums);
       }
     }
   }
