@@ -1,5 +1,7 @@
 #include "base/utf8.h"
 
+#include <cstdint>
+
 namespace kvc {
 
 size_t utf8_complete_prefix(std::string_view s) {
@@ -18,6 +20,12 @@ size_t utf8_complete_prefix(std::string_view s) {
     return (need > back) ? n - back : n;
   }
   return n;
+}
+
+size_t utf8_sequence_length(std::string_view s, size_t i) {
+  const auto c = static_cast<uint8_t>(s[i]);
+  const size_t n = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+  return i + n > s.size() ? 1 : n;
 }
 
 }  // namespace kvc

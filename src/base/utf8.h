@@ -11,4 +11,9 @@ namespace kvc {
 // count as complete, so they are never held back forever.
 size_t utf8_complete_prefix(std::string_view s);
 
+// Bytes in the UTF-8 sequence whose lead byte is s[i] (1 to 4, from that byte alone); 1 for a
+// byte that leads no sequence (ASCII, a continuation or an invalid byte) or for a sequence that
+// would run past the end of s.
+size_t utf8_sequence_length(std::string_view s, size_t i);
+
 }  // namespace kvc

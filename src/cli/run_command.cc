@@ -15,6 +15,7 @@
 #include "cli/cli_options.h"
 #include "cli/commands.h"
 #include "cli/model_source.h"
+#include "cli/startup_log.h"
 #include "engine/completion.h"
 #include "engine/generation_options.h"
 #include "kv/cache_namespace.h"
@@ -150,16 +151,7 @@ void run(const RunArgs& a) {
   eo.prefix_cache = !a.no_prefix_cache;
   engine::Engine engine(*model, tokenizer, eo);
 
-  spdlog::info(
-      "model {}: {} ({} layers, {} heads / {} KV heads, dim {}, vocab {}, context {}), "
-      "weights {} {}",
-      path, config.name, config.n_layers, config.n_heads, config.n_kv_heads, config.n_embd,
-      config.n_vocab, config.context_length, dtype_name(model->weight_dtype()),
-      format_bytes(model->weight_bytes()));
-  // The same figures `kvcache plan` prints, from the same code.
-  std::istringstream summary(
-      kv::startup_summary(engine.geometry(), engine.arena_bytes(), config.context_length));
-  for (std::string line; std::getline(summary, line);) spdlog::info("{}", line);
+  log_model_and_pool(path, *model, engine);
   spdlog::info("{} threads, {} kernels", threads, kernels::isa_name(kernels::active_isa()));
 
   engine::GenerationOptions gen;

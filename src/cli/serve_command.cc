@@ -6,7 +6,6 @@
 #include <csignal>
 #include <cstdint>
 #include <filesystem>
-#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -16,8 +15,8 @@
 #include "cli/cli_options.h"
 #include "cli/commands.h"
 #include "cli/model_source.h"
+#include "cli/startup_log.h"
 #include "engine/engine.h"
-#include "kv/memory_plan.h"
 #include "model/gguf.h"
 #include "model/llama_model.h"
 #include "model/tokenizer.h"
@@ -184,7 +183,6 @@ void serve(const ServeArgs& a) {
   }
   const auto model = model::LlamaModel::from_file(file);
   const auto tokenizer = model::Tokenizer::from_gguf(model->file());
-  const auto& config = model->config();
   std::string template_note;
   bool template_warning = false;
   const server::ChatTemplate chat_template = server::ChatTemplate::for_model(
@@ -205,16 +203,7 @@ void serve(const ServeArgs& a) {
   apply_tier_options(a.tiers, eo);
   engine::Engine engine(*model, tokenizer, eo);
 
-  spdlog::info(
-      "model {}: {} ({} layers, {} heads / {} KV heads, dim {}, vocab {}, context {}), "
-      "weights {} {}",
-      path, config.name, config.n_layers, config.n_heads, config.n_kv_heads, config.n_embd,
-      config.n_vocab, config.context_length, dtype_name(model->weight_dtype()),
-      format_bytes(model->weight_bytes()));
-  // The same figures `kvcache run` and `kvcache plan` print, from the same code.
-  std::istringstream summary(
-      kv::startup_summary(engine.geometry(), engine.arena_bytes(), config.context_length));
-  for (std::string line; std::getline(summary, line);) spdlog::info("{}", line);
+  log_model_and_pool(path, *model, engine);
   const int threads = thread_count(a.threads);
   spdlog::info("{} threads, {} kernels; prefix cache {}; up to {} running, {} waiting", threads,
                kernels::isa_name(kernels::active_isa()), eo.prefix_cache ? "on" : "off",

@@ -3,8 +3,10 @@
 #include <queue>
 
 #include "base/error.h"
+#include "base/utf8.h"
 #include "model/byte_unicode.h"
 #include "model/spm_tokenizer.h"
+#include "model/symbol_merge.h"
 
 namespace kvc::model {
 
@@ -31,16 +33,6 @@ struct PairOrder {
     return a.left > b.left;
   }
 };
-
-size_t utf8_len(std::string_view s, size_t i) {
-  const auto c = static_cast<uint8_t>(s[i]);
-  size_t n = c < 0x80             ? 1
-             : (c & 0xE0) == 0xC0 ? 2
-             : (c & 0xF0) == 0xE0 ? 3
-             : (c & 0xF8) == 0xF0 ? 4
-                                  : 1;
-  return i + n > s.size() ? 1 : n;
-}
 
 std::string token_bytes(const Vocabulary& v, int32_t id) {
   const std::string& text = v.tokens[id];
@@ -106,7 +98,7 @@ void BpeTokenizer::emit(std::string_view symbol, std::vector<int32_t>& out) cons
     return;
   }
   for (size_t i = 0; i < symbol.size();) {
-    const size_t n = utf8_len(symbol, i);
+    const size_t n = utf8_sequence_length(symbol, i);
     if (const auto it = token_ids_.find(symbol.substr(i, n)); it != token_ids_.end()) {
       out.push_back(it->second);
     } else if (vocab_->unk_id >= 0) {
@@ -127,7 +119,7 @@ void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& out)
   std::vector<Symbol> symbols;
   symbols.reserve(word.size());
   for (size_t i = 0; i < word.size();) {
-    const size_t n = utf8_len(word, i);
+    const size_t n = utf8_sequence_length(word, i);
     const auto index = static_cast<int32_t>(symbols.size());
     symbols.push_back({index - 1, index + 1, static_cast<uint32_t>(i), static_cast<uint32_t>(n)});
     i += n;
@@ -143,21 +135,7 @@ void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& out)
     const int k = rank(word.substr(l.start, l.len), word.substr(r.start, r.len), scratch);
     if (k >= 0) agenda.push({k, left, right, l.len + r.len});
   };
-  for (int32_t i = 0; i + 1 < static_cast<int32_t>(symbols.size()); ++i) consider(i, i + 1);
-
-  while (!agenda.empty()) {
-    const Pair p = agenda.top();
-    agenda.pop();
-    Symbol& l = symbols[p.left];
-    Symbol& r = symbols[p.right];
-    if (l.len == 0 || r.len == 0 || l.next != p.right || l.len + r.len != p.len) continue;
-    l.len += r.len;
-    r.len = 0;
-    l.next = r.next;
-    if (r.next >= 0) symbols[r.next].prev = p.left;
-    consider(l.prev, p.left);
-    consider(p.left, l.next);
-  }
+  merge_symbols(symbols, agenda, consider);
   for (int32_t i = 0; i >= 0; i = symbols[i].next) {
     emit(word.substr(symbols[i].start, symbols[i].len), out);
   }

@@ -6,6 +6,7 @@
 #include <array>
 
 #include "base/error.h"
+#include "base/utf8.h"
 
 namespace kvc::model {
 
@@ -102,16 +103,6 @@ const std::array<Family, 9>& families() {
   return f;
 }
 
-size_t utf8_char_len(std::string_view s, size_t i) {
-  const auto c = static_cast<uint8_t>(s[i]);
-  size_t n = c < 0x80             ? 1
-             : (c & 0xE0) == 0xC0 ? 2
-             : (c & 0xF0) == 0xE0 ? 3
-             : (c & 0xF8) == 0xF0 ? 4
-                                  : 1;
-  return i + n > s.size() ? 1 : n;
-}
-
 }  // namespace
 
 struct PreTokenizer::Pattern {
@@ -199,7 +190,7 @@ std::vector<std::string_view> PreTokenizer::split(std::string_view text) const {
         if (end <= start) {
           // An empty match cuts nothing; step over one character and look again.
           if (start >= piece.size()) break;
-          pos = start + utf8_char_len(piece, start);
+          pos = start + utf8_sequence_length(piece, start);
           continue;
         }
         if (start > last) next.push_back(piece.substr(last, start - last));

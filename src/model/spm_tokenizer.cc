@@ -8,6 +8,8 @@
 #include <utility>
 
 #include "base/error.h"
+#include "base/utf8.h"
+#include "model/symbol_merge.h"
 
 namespace kvc::model {
 
@@ -40,16 +42,7 @@ bool mergeable(TokenType t) {
 // Bytes in the UTF-8 character at s[i]; 1 for a byte that does not start a complete sequence,
 // so that invalid input still splits into symbols that byte fallback can carry.
 size_t utf8_char_len(std::string_view s, size_t i) {
-  const auto c = static_cast<uint8_t>(s[i]);
-  size_t n = 1;
-  if ((c & 0xE0) == 0xC0) {
-    n = 2;
-  } else if ((c & 0xF0) == 0xE0) {
-    n = 3;
-  } else if ((c & 0xF8) == 0xF0) {
-    n = 4;
-  }
-  if (n == 1 || i + n > s.size()) return 1;
+  const size_t n = utf8_sequence_length(s, i);
   for (size_t k = 1; k < n; ++k) {
     if ((static_cast<uint8_t>(s[i + k]) & 0xC0) != 0x80) return 1;
   }
@@ -206,21 +199,7 @@ void SpmTokenizer::encode(std::string_view text, bool space_prefix,
     agenda.push({vocab_->scores[it->second], left, right, len});
     if (vocab_->types[it->second] == TokenType::kUnused) unused_splits[merged] = l.len;
   };
-  for (int32_t i = 0; i + 1 < static_cast<int32_t>(symbols.size()); ++i) consider(i, i + 1);
-
-  while (!agenda.empty()) {
-    const Pair p = agenda.top();
-    agenda.pop();
-    Symbol& l = symbols[p.left];
-    Symbol& r = symbols[p.right];
-    if (l.len == 0 || r.len == 0 || l.next != p.right || l.len + r.len != p.len) continue;
-    l.len += r.len;
-    r.len = 0;
-    l.next = r.next;
-    if (r.next >= 0) symbols[r.next].prev = p.left;
-    consider(l.prev, p.left);
-    consider(p.left, l.next);
-  }
+  merge_symbols(symbols, agenda, consider);
 
   // Emits one final symbol; an unused token is split back into the pieces it was merged from.
   std::vector<std::string_view> pending;
