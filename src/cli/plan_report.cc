@@ -53,29 +53,6 @@ std::string optional_count(const std::optional<uint64_t>& v) {
 
 // ---- SVG ----
 
-std::string xml_escape(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
 // A 1-2-2.5-5 step that cuts range into about `target` intervals.
 double nice_step(double range, int target) {
   const double raw = range / target;
@@ -423,7 +400,7 @@ std::string render_svg(const Plan& plan) {
   out += fmt::format(
       "<text x=\"{}\" y=\"28\" font-size=\"16\" text-anchor=\"middle\">KV memory: {}, {} KV, "
       "{}-token blocks</text>\n",
-      kLeft + kPlotW / 2, xml_escape(plan.model.name), kv::kv_dtypes_name(f.k_dtype, f.v_dtype),
+      kLeft + kPlotW / 2, markup_escape(plan.model.name), kv::kv_dtypes_name(f.k_dtype, f.v_dtype),
       f.block_tokens);
   out += fmt::format(
       "<defs><clipPath id=\"plot\"><rect x=\"{}\" y=\"{}\" width=\"{}\" "
@@ -498,7 +475,7 @@ std::string render_svg(const Plan& plan) {
     out += fmt::format(
         "<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" {}/>"
         "<text x=\"{}\" y=\"{:.1f}\">{}</text>\n",
-        lx, ly, lx + 24, ly, style, lx + 30, ly + 4, xml_escape(label));
+        lx, ly, lx + 24, ly, style, lx + 30, ly + 4, markup_escape(label));
     ly += 20;
   };
   for (size_t k = 0; k < n_conc; ++k) {

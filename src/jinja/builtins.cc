@@ -8,6 +8,7 @@
 #include <ctime>
 #include <initializer_list>
 
+#include "base/strings.h"
 #include "jinja/error.h"
 #include "jinja/interpreter.h"
 
@@ -772,32 +773,6 @@ std::string percent_format(Interpreter&, const std::string& f, const Value& args
 
 namespace {
 
-std::string html_escape(const std::string& s) {
-  std::string out;
-  for (const char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&#34;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
 // Python int(str): optional sign, digits with single underscores, surrounding whitespace.
 std::optional<int64_t> parse_int(const std::string& s, int base) {
   const std::string t = strip(s, nullptr, true, true);
@@ -957,7 +932,7 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Arg
     return Value(replace(in, v.to_str(), p.need(0).to_str(), p.need(1).to_str(), p.integer(2, -1)));
   }
   if (name == "escape" || name == "e" || name == "forceescape")
-    return Value(html_escape(v.to_str()));
+    return Value(markup_escape(v.to_str()));
   if (name == "items") {
     if (v.is_undefined()) return Value::list({});
     if (!v.is_dict())

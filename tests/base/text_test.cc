@@ -2,6 +2,7 @@
 
 #include "base/byte_size.h"
 #include "base/error.h"
+#include "base/strings.h"
 #include "base/utf8.h"
 
 namespace kvc {
@@ -37,6 +38,26 @@ TEST(Utf8, HoldsBackUnfinishedCharacters) {
   EXPECT_EQ(utf8_complete_prefix("\xf0\x9f\x98\x80"), 4u);
   EXPECT_EQ(utf8_complete_prefix("a\x80"), 2u);  // stray continuation byte passes
   EXPECT_EQ(utf8_complete_prefix("\xff"), 1u);   // invalid lead byte passes
+}
+
+TEST(Utf8, SequenceLengthFromTheLeadByte) {
+  EXPECT_EQ(utf8_sequence_length("a", 0), 1u);
+  EXPECT_EQ(utf8_sequence_length("\xc3\xa9", 0), 2u);
+  EXPECT_EQ(utf8_sequence_length("a\xe2\x82\xac", 1), 3u);
+  EXPECT_EQ(utf8_sequence_length("\xf0\x9f\x98\x80", 0), 4u);
+  EXPECT_EQ(utf8_sequence_length("\xf0\x9f\x98", 0), 1u);  // would run past the end
+  EXPECT_EQ(utf8_sequence_length("\xc3\xa9", 1), 1u);      // a continuation byte
+  EXPECT_EQ(utf8_sequence_length("\xff\x80", 0), 1u);      // no lead byte
+  EXPECT_EQ(utf8_sequence_length("\xc3"
+                                 "A",
+                                 0),
+            2u);  // from the lead byte alone
+}
+
+TEST(MarkupEscape, EscapesTheFiveSpecialCharacters) {
+  EXPECT_EQ(markup_escape("plain text"), "plain text");
+  EXPECT_EQ(markup_escape("<a href=\"x\">&'"), "&lt;a href=&#34;x&#34;&gt;&amp;&#39;");
+  EXPECT_EQ(markup_escape(""), "");
 }
 
 }  // namespace
