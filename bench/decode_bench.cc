@@ -32,6 +32,10 @@ Speeds speeds(const engine::RequestStats& s) {
 
 // Passes over the bandwidth array per measurement: a pass takes about 25 ms.
 constexpr int kProbePasses = 3;
+// Seconds of each measurement of the multiply-add ceiling.
+constexpr double kPeakSeconds = 0.1;
+// Rounds of one burst: about 0.1 ms on a vector core, a few on the scalar one.
+constexpr size_t kBurstRounds = 2000;
 // Rows quantised for ProductBandwidth's matrix before it is copied over the rest.
 constexpr size_t kProductTileRows = 256;
 
@@ -103,14 +107,34 @@ double ProductBandwidth::measure(int threads, int passes) {
   return gb * passes / seconds_since(start);
 }
 
+double multiply_add_peak(kernels::Arithmetic kind, int threads, double seconds) {
+  ThreadPool pool(threads);
+  std::vector<uint64_t> multiply_adds(threads), checksum(threads);
+  const auto start = Clock::now();
+  pool.run([&](int t) {
+    checksum[t] = static_cast<uint64_t>(t) + 1;
+    const auto begin = Clock::now();
+    do {
+      multiply_adds[t] += kernels::multiply_add_burst(kind, kBurstRounds, &checksum[t]);
+    } while (seconds_since(begin) < seconds);
+  });
+  const double elapsed = seconds_since(start);
+  uint64_t total = 0;
+  for (int t = 0; t < threads; ++t) total += multiply_adds[t];
+  // The checksums feed a branch the optimiser cannot drop.
+  if (std::all_of(checksum.begin(), checksum.end(), [](uint64_t c) { return c == 0; })) ++total;
+  return static_cast<double>(total) / elapsed;
+}
+
 void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
   ReadBandwidth bandwidth(o.bandwidth_bytes);
   out << fmt::format("KV cache: {}\n", kv::kv_dtypes_name(o.kv_k_dtype, o.kv_v_dtype));
   out << fmt::format(
-      "{:<16} {:<5} {:>7} {:>10} {:>12} {:>8} {:>11} {:>8} {:>12} {:>11} {:>9} {:>8} {:>10} "
-      "{:>9}\n",
-      "model", "dtype", "threads", "weights", "prefill t/s", "vs rows", "decode t/s", "vs rows",
-      "decode GB/s", "limit GB/s", "of limit", "of best", "GEMV GB/s", "GEMV of");
+      "{:<16} {:<5} {:>7} {:>10} {:>12} {:>8} {:>14} {:>11} {:>8} {:>11} {:>8} {:>12} {:>11} "
+      "{:>9} {:>8} {:>10} {:>9}\n",
+      "model", "dtype", "threads", "weights", "prefill t/s", "vs rows", "prefill GOP/s",
+      "peak GOP/s", "of peak", "decode t/s", "vs rows", "decode GB/s", "limit GB/s", "of limit",
+      "of best", "GEMV GB/s", "GEMV of");
   out.flush();
   for (const std::string& preset : o.presets) {
     for (DType dtype : o.dtypes) {
@@ -170,22 +194,37 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
           before = after;
         }
         const double decode_tps = quantile(decode, 0.5);
+        const double prefill_tps = quantile(prefill, 0.5);
+        // Two operations (a multiply and an add) per multiply-add, as FLOP/s counts them.
+        const double prefill_ops = 2.0 *
+                                   static_cast<double>(model->multiply_adds(0, o.prompt_tokens)) /
+                                   o.prompt_tokens * prefill_tps;
+        const double peak_ops =
+            2.0 * multiply_add_peak(kernels::gemm_arithmetic(dtype), threads, kPeakSeconds);
         out << fmt::format(
-            "{:<16} {:<5} {:>7} {:>10} {:>12.1f} {:>7.2f}x {:>11.1f} {:>7.2f}x {:>12.1f} "
-            "{:>11.1f} {:>9.2f} {:>8.2f} {:>10.1f} {:>9.2f}\n",
-            preset, dtype_name(dtype), threads, format_bytes(model->weight_bytes()),
-            quantile(prefill, 0.5), quantile(prefill, 0.5) / untiled.prefill, decode_tps,
-            decode_tps / untiled.decode, model->bytes_read_per_token() * decode_tps / 1e9,
-            quantile(limit, 0.5), quantile(fraction, 0.5), quantile(of_fastest, 0.5),
-            quantile(gemv, 0.5), quantile(gemv_fraction, 0.5));
+            "{:<16} {:<5} {:>7} {:>10} {:>12.1f} {:>7.2f}x {:>14.1f} {:>11.1f} {:>8.2f} {:>11.1f} "
+            "{:>7.2f}x {:>12.1f} {:>11.1f} {:>9.2f} {:>8.2f} {:>10.1f} {:>9.2f}\n",
+            preset, dtype_name(dtype), threads, format_bytes(model->weight_bytes()), prefill_tps,
+            prefill_tps / untiled.prefill, prefill_ops / 1e9, peak_ops / 1e9,
+            prefill_ops / peak_ops, decode_tps, decode_tps / untiled.decode,
+            model->bytes_read_per_token() * decode_tps / 1e9, quantile(limit, 0.5),
+            quantile(fraction, 0.5), quantile(of_fastest, 0.5), quantile(gemv, 0.5),
+            quantile(gemv_fraction, 0.5));
         out.flush();
       }
     }
   }
   out << fmt::format(
       "\nkernels: {}; vs rows = speed with the GEMM tiles / one dot product at a "
-      "time (same results)\n",
-      kernels::isa_name(kernels::active_isa()));
+      "time (same results); prefill GOP/s = the prompt's multiply-adds (matrix products, "
+      "attention over the keys each position sees, the last position's logits) x 2 x prefill "
+      "tokens/s / prompt tokens; peak GOP/s = the instruction set's widest multiply-add of the "
+      "weight type's arithmetic ({} for the quantised types, {} for the float types) on every "
+      "thread at once, with no loads, x 2; of peak = prefill over peak, the compute side of the "
+      "roofline as of limit is the memory side\n",
+      kernels::isa_name(kernels::active_isa()),
+      kernels::multiply_add_instruction(kernels::Arithmetic::kInt8),
+      kernels::multiply_add_instruction(kernels::Arithmetic::kF32));
   out << fmt::format(
       "limit GB/s = read bandwidth of a {} array in huge pages (as the weights) with the kernels' "
       "widest loads at the same thread count, {} passes (all the bytes over all the time, as "

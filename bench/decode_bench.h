@@ -9,6 +9,7 @@
 
 #include "base/dtype.h"
 #include "base/huge_page_memory.h"
+#include "base/kernels.h"
 #include "base/matmul.h"
 #include "model/gguf.h"
 
@@ -67,6 +68,11 @@ class ProductBandwidth {
   std::vector<float> y_;
   std::vector<uint8_t> scratch_;
 };
+
+// Multiply-adds per second of `kind` on `threads` threads at once, each running the active
+// instruction set's widest multiply-add for it, with no loads, for about `seconds`: the
+// compute ceiling prefill is set against, as decode is against ReadBandwidth.
+double multiply_add_peak(kernels::Arithmetic kind, int threads, double seconds);
 
 // Runs every (preset, dtype, threads) combination and prints a table to out.
 void run_decode_bench(const DecodeBenchOptions& options, std::ostream& out);

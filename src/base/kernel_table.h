@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "base/dtype.h"
+#include "base/kernels.h"
 
 namespace kvc::kernels {
 
@@ -42,6 +43,8 @@ struct KernelTable {
   void (*silu_mul)(float* gate, const float* up, size_t n);
   // The sum of the n 64-bit words at p, read with the instruction set's widest loads.
   uint64_t (*read_sum)(const uint64_t* p, size_t n);
+  // Independent multiply-adds of one kind (kernels.h multiply_add_burst).
+  uint64_t (*multiply_add_burst)(Arithmetic kind, size_t rounds, uint64_t* checksum);
 };
 
 // The AVX2 + F16C row conversions, which the AVX-512 table shares (they are bound by memory).

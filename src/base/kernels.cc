@@ -161,6 +161,38 @@ uint64_t read_sum(const uint64_t* p, size_t n) {
   return table().read_sum(p, n);
 }
 
+Arithmetic gemm_arithmetic(DType wtype) {
+  switch (wtype) {
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16:
+      return Arithmetic::kF32;
+    default:
+      return Arithmetic::kInt8;
+  }
+}
+
+std::string_view arithmetic_name(Arithmetic kind) {
+  return kind == Arithmetic::kInt8 ? "int8" : "f32";
+}
+
+uint64_t multiply_add_burst(Arithmetic kind, size_t rounds, uint64_t* checksum) {
+  return table().multiply_add_burst(kind, rounds, checksum);
+}
+
+std::string_view multiply_add_instruction(Arithmetic kind) {
+  const bool int8 = kind == Arithmetic::kInt8;
+  switch (active_isa()) {
+    case Isa::kAvx512:
+      return int8 ? "vpdpbusd zmm" : "vfmadd zmm";
+    case Isa::kAvx2:
+      return int8 ? "vpmaddubsw ymm" : "vfmadd ymm";
+    case Isa::kScalar:
+      break;
+  }
+  return int8 ? "32-bit multiply and add" : "float multiply and add";
+}
+
 void quantize(DType t, const float* x, void* out, size_t n) {
   if (t == DType::Q8_0) {
     table().quantize_q8_0(x, out, n);

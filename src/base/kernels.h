@@ -47,6 +47,23 @@ void silu_mul(float* gate, const float* up, size_t n);
 // The sum (mod 2^64) of the n 64-bit words at p, read with the active instruction set's widest
 // loads, as the kernels read weights: the bandwidth probe that decode is measured against.
 uint64_t read_sum(const uint64_t* p, size_t n);
+
+// The arithmetic a weight type's matrix products run on: 8-bit integer products summed exactly
+// in int32 (the quantised types, against q8_0 or q8_K activations) or f32 fused multiply-adds
+// (f32, f16 and bf16, widened to f32).
+enum class Arithmetic : uint8_t { kInt8, kF32 };
+// The arithmetic of wtype's matrix products.
+Arithmetic gemm_arithmetic(DType wtype);
+std::string_view arithmetic_name(Arithmetic kind);
+// Runs `rounds` rounds of independent multiply-adds of `kind` on the calling thread, with the
+// active instruction set's widest instruction for it (AVX-512: vpdpbusd on 64 byte pairs or
+// vfmadd on 16 floats; AVX2: vpmaddubsw on 32 byte pairs or vfmadd on 8 floats; scalar: one
+// multiply and add); returns the multiply-adds run, and adds a fold of the results to
+// *checksum (which also seeds them). The compute ceiling prefill is measured against: no tile
+// of the instruction set multiplies faster.
+uint64_t multiply_add_burst(Arithmetic kind, size_t rounds, uint64_t* checksum);
+// The instruction multiply_add_burst runs for kind on the active instruction set, for reports.
+std::string_view multiply_add_instruction(Arithmetic kind);
 // quantize_row(t, x, out, n) through the active instruction set where it has a kernel for t
 // (f16, q8_0, q8_K): the same bytes on every instruction set.
 void quantize(DType t, const float* x, void* out, size_t n);

@@ -15,6 +15,7 @@
 namespace kvc::kernels {
 namespace {
 
+#include "base/multiply_add_burst.h"
 #include "base/simd_reduce.h"
 #include "base/simd_transpose.h"
 
@@ -297,6 +298,38 @@ uint64_t read_sum_avx2(const uint64_t* p, size_t n) {
   return total;
 }
 
+// The sum of v's 64-bit lanes, unsigned (so that it wraps).
+inline uint64_t sum_words(__m256i v) {
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+// multiply_add_burst's steps: vpmaddubsw, 32 byte products summed in pairs into int16 lanes.
+struct Int8Burst {
+  using Vec = __m256i;
+  static constexpr uint64_t kMultiplyAdds = 32;
+  static Vec start(uint64_t seed) { return _mm256_set1_epi64x(static_cast<long long>(seed)); }
+  static Vec step(Vec acc, Vec operand) { return _mm256_maddubs_epi16(acc, operand); }
+  static uint64_t fold(Vec acc) { return sum_words(acc); }
+};
+
+// vfmadd on 8 floats, acc * m + m with m in [0.5, 0.75): every value stays normal.
+struct F32Burst {
+  using Vec = __m256;
+  static constexpr uint64_t kMultiplyAdds = 8;
+  static Vec start(uint64_t seed) {
+    return _mm256_set1_ps(0.5f + static_cast<float>(seed % 256) / 1024.0f);
+  }
+  static Vec step(Vec acc, Vec operand) { return _mm256_fmadd_ps(acc, operand, operand); }
+  static uint64_t fold(Vec acc) { return sum_words(_mm256_castps_si256(acc)); }
+};
+
+uint64_t multiply_add_burst_avx2(Arithmetic kind, size_t rounds, uint64_t* checksum) {
+  return kind == Arithmetic::kInt8 ? multiply_add_chains<Int8Burst>(rounds, checksum)
+                                   : multiply_add_chains<F32Burst>(rounds, checksum);
+}
+
 }  // namespace
 
 // The 32 values at x times scale, rounded to nearest even (the default rounding mode, as
@@ -395,6 +428,7 @@ const KernelTable* avx2_kernels() {
       softmax_exp_avx2,
       silu_mul_avx2,
       read_sum_avx2,
+      multiply_add_burst_avx2,
   };
   return &table;
 }

@@ -15,6 +15,7 @@
 namespace kvc::kernels {
 namespace {
 
+#include "base/multiply_add_burst.h"
 #include "base/simd_reduce.h"
 #include "base/simd_reduce_avx512.h"
 #include "base/simd_transpose.h"
@@ -331,6 +332,40 @@ uint64_t read_sum_avx512(const uint64_t* p, size_t n) {
   return total;
 }
 
+// The sum of v's 64-bit lanes, unsigned (so that it wraps).
+inline uint64_t sum_words(__m512i v) {
+  alignas(64) uint64_t lanes[8];
+  _mm512_store_si512(lanes, v);
+  uint64_t total = 0;
+  for (uint64_t w : lanes) total += w;
+  return total;
+}
+
+// multiply_add_burst's steps: vpdpbusd, 64 byte products summed into 16 int32 lanes.
+struct Int8Burst {
+  using Vec = __m512i;
+  static constexpr uint64_t kMultiplyAdds = 64;
+  static Vec start(uint64_t seed) { return _mm512_set1_epi64(static_cast<long long>(seed)); }
+  static Vec step(Vec acc, Vec operand) { return _mm512_dpbusd_epi32(acc, operand, operand); }
+  static uint64_t fold(Vec acc) { return sum_words(acc); }
+};
+
+// vfmadd on 16 floats, acc * m + m with m in [0.5, 0.75): every value stays normal.
+struct F32Burst {
+  using Vec = __m512;
+  static constexpr uint64_t kMultiplyAdds = 16;
+  static Vec start(uint64_t seed) {
+    return _mm512_set1_ps(0.5f + static_cast<float>(seed % 256) / 1024.0f);
+  }
+  static Vec step(Vec acc, Vec operand) { return _mm512_fmadd_ps(acc, operand, operand); }
+  static uint64_t fold(Vec acc) { return sum_words(_mm512_castps_si512(acc)); }
+};
+
+uint64_t multiply_add_burst_avx512(Arithmetic kind, size_t rounds, uint64_t* checksum) {
+  return kind == Arithmetic::kInt8 ? multiply_add_chains<Int8Burst>(rounds, checksum)
+                                   : multiply_add_chains<F32Burst>(rounds, checksum);
+}
+
 }  // namespace
 
 const KernelTable* avx512_kernels() {
@@ -353,6 +388,7 @@ const KernelTable* avx512_kernels() {
       softmax_exp_avx512,
       silu_mul_avx512,
       read_sum_avx512,
+      multiply_add_burst_avx512,
   };
   return &table;
 }

@@ -1,6 +1,7 @@
 // Plain C++ kernels: the fallback on any CPU and the reference the SIMD kernels are tested
 // against.
 #include <algorithm>
+#include <bit>
 
 #include "base/dtype.h"
 #include "base/kernel_table.h"
@@ -199,6 +200,31 @@ uint64_t read_sum_scalar(const uint64_t* p, size_t n) {
   return s;
 }
 
+#include "base/multiply_add_burst.h"
+
+// multiply_add_burst's steps without vectors: one 32-bit multiply and add (wrapping)...
+struct Int8Burst {
+  using Vec = uint32_t;
+  static constexpr uint64_t kMultiplyAdds = 1;
+  static Vec start(uint64_t seed) { return static_cast<uint32_t>(seed); }
+  static Vec step(Vec acc, Vec operand) { return acc * operand + operand; }
+  static uint64_t fold(Vec acc) { return acc; }
+};
+
+// ...and one float multiply and add, acc * m + m with m in [0.5, 0.75).
+struct F32Burst {
+  using Vec = float;
+  static constexpr uint64_t kMultiplyAdds = 1;
+  static Vec start(uint64_t seed) { return 0.5f + static_cast<float>(seed % 256) / 1024.0f; }
+  static Vec step(Vec acc, Vec operand) { return acc * operand + operand; }
+  static uint64_t fold(Vec acc) { return std::bit_cast<uint32_t>(acc); }
+};
+
+uint64_t multiply_add_burst_scalar(Arithmetic kind, size_t rounds, uint64_t* checksum) {
+  return kind == Arithmetic::kInt8 ? multiply_add_chains<Int8Burst>(rounds, checksum)
+                                   : multiply_add_chains<F32Burst>(rounds, checksum);
+}
+
 }  // namespace
 
 const KernelTable& scalar_kernels() {
@@ -224,6 +250,7 @@ const KernelTable& scalar_kernels() {
       softmax_exp_scalar,
       silu_mul_scalar,
       read_sum_scalar,
+      multiply_add_burst_scalar,
   };
   return table;
 }

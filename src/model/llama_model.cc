@@ -118,10 +118,26 @@ void LlamaModel::bind_weights() {
     }
     for (const WeightView* v : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
       matrices += v->row_stride() * v->out_dim;
+      layer_weights_per_token_ += v->in_dim * v->out_dim;
     }
   }
   bytes_read_per_token_ = matrices + output_.row_stride() * output_.out_dim;
   for (const auto& t : file_->tensors()) weight_bytes_ += t.bytes;
+}
+
+uint64_t LlamaModel::multiply_adds(int start, int tokens) const {
+  if (tokens <= 0) return 0;
+  const auto& c = config_;
+  uint64_t keys_seen = 0;  // summed over layers and positions
+  for (int l = 0; l < c.n_layers; ++l) {
+    for (int64_t p = start; p < start + tokens; ++p) {
+      keys_seen += c.layer_slides(l) ? std::min<int64_t>(p + 1, c.sliding_window) : p + 1;
+    }
+  }
+  // Per key, each query head takes head_dim multiply-adds for its score and head_dim for the
+  // weighted value.
+  return layer_weights_per_token_ * static_cast<uint64_t>(tokens) +
+         2 * static_cast<uint64_t>(c.q_dim()) * keys_seen + output_.in_dim * output_.out_dim;
 }
 
 namespace {

@@ -65,6 +65,11 @@ class LlamaModel {
   uint64_t weight_bytes() const { return weight_bytes_; }
   // Bytes read from weights to produce one token's logits (all matrices but the embedding).
   uint64_t bytes_read_per_token() const { return bytes_read_per_token_; }
+  // Multiply-adds of one sequence's forward pass over positions [start, start + tokens): every
+  // layer's matrix products, attention's scores and weighted values over the keys each
+  // position sees (its layer's window, if any), and the logits of the last position only, as a
+  // prompt's prefill computes them.
+  uint64_t multiply_adds(int start, int tokens) const;
   // The dtype most of the weights have (that of attn_q in layer 0).
   DType weight_dtype() const { return layers_.front().wq.dtype; }
 
@@ -102,6 +107,7 @@ class LlamaModel {
   WeightView output_;
   uint64_t weight_bytes_ = 0;
   uint64_t bytes_read_per_token_ = 0;
+  uint64_t layer_weights_per_token_ = 0;  // weights of every layer's matrices, all layers
 };
 
 }  // namespace kvc::model

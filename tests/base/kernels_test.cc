@@ -219,6 +219,38 @@ TEST(Kernels, ReadSumAddsEveryWordOnEveryIsa) {
   }
 }
 
+// The compute ceiling's burst: it reports the multiply-adds its instruction runs (twelve
+// chains of one instruction each round), and its results, folded into the checksum, depend on
+// the seed and on every round, so none of them can be skipped.
+TEST(Kernels, MultiplyAddBurstCountsItsInstructionsAndFoldsTheirResults) {
+  IsaGuard guard;
+  using kernels::Arithmetic;
+  for (Isa isa : supported_isas()) {
+    kernels::set_isa(isa);
+    for (Arithmetic kind : {Arithmetic::kInt8, Arithmetic::kF32}) {
+      SCOPED_TRACE(std::string(kernels::isa_name(isa)) + " " +
+                   std::string(kernels::arithmetic_name(kind)));
+      const uint64_t lanes = isa == Isa::kAvx512 ? (kind == Arithmetic::kInt8 ? 64 : 16)
+                             : isa == Isa::kAvx2 ? (kind == Arithmetic::kInt8 ? 32 : 8)
+                                                 : 1;
+      const auto burst = [&](size_t rounds, uint64_t seed) {
+        uint64_t checksum = seed;
+        const uint64_t multiply_adds = kernels::multiply_add_burst(kind, rounds, &checksum);
+        EXPECT_EQ(multiply_adds, 12 * lanes * rounds);
+        return checksum;
+      };
+      EXPECT_EQ(burst(5, 12345), burst(5, 12345));
+      EXPECT_NE(burst(5, 12345), burst(6, 12345));
+      EXPECT_NE(burst(5, 12345), burst(5, 54321));
+      EXPECT_EQ(burst(0, 7), burst(0, 7));
+    }
+  }
+  EXPECT_EQ(kernels::gemm_arithmetic(DType::F32), Arithmetic::kF32);
+  EXPECT_EQ(kernels::gemm_arithmetic(DType::BF16), Arithmetic::kF32);
+  EXPECT_EQ(kernels::gemm_arithmetic(DType::Q8_0), Arithmetic::kInt8);
+  EXPECT_EQ(kernels::gemm_arithmetic(DType::Q4_K), Arithmetic::kInt8);
+}
+
 TEST(Kernels, SimdAgreesWithScalarOnF16AttentionKernels) {
   IsaGuard guard;
   for (Isa isa : supported_isas()) {

@@ -830,5 +830,46 @@ TEST(LlamaModel, BrokenModelsNameWhatIsWrong) {
               ::testing::ThrowsMessage<Error>(HasSubstr("not a multiple")));
 }
 
+// The roofline's count: every matrix of the file's layers once per position (their dims as the
+// file gives them, fused or not), each query head's score and weighted value over the keys its
+// position sees (its layer's window), and one row of logits.
+TEST(LlamaModel, MultiplyAddsCountMatricesAttentionAndOneRowOfLogits) {
+  const auto dir = testing::scratch_dir();
+  for (const std::string arch : {"llama", "phi3", "gemma2"}) {
+    SCOPED_TRACE(arch);
+    SyntheticOptions o;
+    o.arch = arch;
+    o.sliding_window = arch == "llama" ? 0 : 8;
+    const std::string path = (dir / (arch + "-multiply-adds.gguf")).string();
+    write_synthetic_model(o, path);
+    const auto model = LlamaModel::load(path);
+    const LlamaConfig& c = model->config();
+    uint64_t layer_weights = 0, logits = 0;
+    for (const auto& t : model->file().tensors()) {
+      const bool layer_matrix =
+          t.name.starts_with("blk.") && t.dims.size() == 2 && !t.name.ends_with("_norm.weight") &&
+          (t.name.find(".attn_") != std::string::npos || t.name.find(".ffn_") != std::string::npos);
+      if (layer_matrix) layer_weights += t.dims[0] * t.dims[1];
+      if (t.name == "output.weight") logits = t.dims[0] * t.dims[1];
+    }
+    if (logits == 0) logits = static_cast<uint64_t>(c.n_embd) * c.n_vocab;  // tied to the embedding
+    ASSERT_GT(layer_weights, 0u);
+    const auto expected = [&](int start, int tokens) {
+      uint64_t keys = 0;
+      for (int l = 0; l < c.n_layers; ++l) {
+        for (int p = start; p < start + tokens; ++p) {
+          const bool slides = o.sliding_window > 0 && (arch != "gemma2" || l % 2 == 0);
+          keys += slides ? std::min(p + 1, o.sliding_window) : p + 1;
+        }
+      }
+      return layer_weights * tokens + 2 * static_cast<uint64_t>(c.q_dim()) * keys + logits;
+    };
+    EXPECT_EQ(model->multiply_adds(0, 0), 0u);
+    EXPECT_EQ(model->multiply_adds(0, 1), expected(0, 1));
+    EXPECT_EQ(model->multiply_adds(0, 20), expected(0, 20));
+    EXPECT_EQ(model->multiply_adds(100, 7), expected(100, 7));
+  }
+}
+
 }  // namespace
 }  // namespace kvc::model

@@ -1,0 +1,29 @@
+// The loop that measures an instruction set's multiply-add ceiling (internal to base/).
+//
+// Included by each kernels_* file after its target pragma, inside an anonymous namespace, like
+// simd_reduce.h, so that every instruction set's burst is the same loop over its own
+// instruction. It includes nothing itself.
+#pragma once
+
+// Independent accumulators, each its own dependency chain: twelve cover a multiply-add's
+// latency (4-5 cycles) at two instructions a cycle, the most any x86 core here issues.
+inline constexpr int kBurstChains = 12;
+
+// `rounds` rounds of one Op::step on each of kBurstChains accumulators. Op names the vector
+// (Vec), the multiply-adds one step runs (kMultiplyAdds), a chain's start from a seed, the
+// step and a fold of a chain's result into 64 bits. The seed comes from *checksum and the folds
+// are added to it, so the compiler can neither precompute nor drop the steps. Returns the
+// multiply-adds run.
+template <class Op>
+uint64_t multiply_add_chains(size_t rounds, uint64_t* checksum) {
+  typename Op::Vec acc[kBurstChains];
+  for (int c = 0; c < kBurstChains; ++c) acc[c] = Op::start(*checksum + c);
+  // A multiplicative hash of the seed: a small seed's own high bits would make a zero operand.
+  const typename Op::Vec operand = Op::start(*checksum * 0x9e3779b97f4a7c15ull >> 8);
+  for (size_t r = 0; r < rounds; ++r) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kBurstChains; ++c) acc[c] = Op::step(acc[c], operand);
+  }
+  for (int c = 0; c < kBurstChains; ++c) *checksum += Op::fold(acc[c]);
+  return static_cast<uint64_t>(rounds) * kBurstChains * Op::kMultiplyAdds;
+}
