@@ -314,21 +314,14 @@ struct Int8Burst {
   static uint64_t fold(Vec acc) { return sum_words(acc); }
 };
 
-// vfmadd on 8 floats, acc * m + m with m in [0.5, 0.75): every value stays normal.
+// vfmadd on 8 floats (acc * m + m, m from burst_multiplier).
 struct F32Burst {
   using Vec = __m256;
   static constexpr uint64_t kMultiplyAdds = 8;
-  static Vec start(uint64_t seed) {
-    return _mm256_set1_ps(0.5f + static_cast<float>(seed % 256) / 1024.0f);
-  }
+  static Vec start(uint64_t seed) { return _mm256_set1_ps(burst_multiplier(seed)); }
   static Vec step(Vec acc, Vec operand) { return _mm256_fmadd_ps(acc, operand, operand); }
   static uint64_t fold(Vec acc) { return sum_words(_mm256_castps_si256(acc)); }
 };
-
-uint64_t multiply_add_burst_avx2(Arithmetic kind, size_t rounds, uint64_t* checksum) {
-  return kind == Arithmetic::kInt8 ? multiply_add_chains<Int8Burst>(rounds, checksum)
-                                   : multiply_add_chains<F32Burst>(rounds, checksum);
-}
 
 }  // namespace
 
@@ -428,7 +421,7 @@ const KernelTable* avx2_kernels() {
       softmax_exp_avx2,
       silu_mul_avx2,
       read_sum_avx2,
-      multiply_add_burst_avx2,
+      multiply_add_burst_of<Int8Burst, F32Burst>,
   };
   return &table;
 }

@@ -350,21 +350,14 @@ struct Int8Burst {
   static uint64_t fold(Vec acc) { return sum_words(acc); }
 };
 
-// vfmadd on 16 floats, acc * m + m with m in [0.5, 0.75): every value stays normal.
+// vfmadd on 16 floats (acc * m + m, m from burst_multiplier).
 struct F32Burst {
   using Vec = __m512;
   static constexpr uint64_t kMultiplyAdds = 16;
-  static Vec start(uint64_t seed) {
-    return _mm512_set1_ps(0.5f + static_cast<float>(seed % 256) / 1024.0f);
-  }
+  static Vec start(uint64_t seed) { return _mm512_set1_ps(burst_multiplier(seed)); }
   static Vec step(Vec acc, Vec operand) { return _mm512_fmadd_ps(acc, operand, operand); }
   static uint64_t fold(Vec acc) { return sum_words(_mm512_castps_si512(acc)); }
 };
-
-uint64_t multiply_add_burst_avx512(Arithmetic kind, size_t rounds, uint64_t* checksum) {
-  return kind == Arithmetic::kInt8 ? multiply_add_chains<Int8Burst>(rounds, checksum)
-                                   : multiply_add_chains<F32Burst>(rounds, checksum);
-}
 
 }  // namespace
 
@@ -388,7 +381,7 @@ const KernelTable* avx512_kernels() {
       softmax_exp_avx512,
       silu_mul_avx512,
       read_sum_avx512,
-      multiply_add_burst_avx512,
+      multiply_add_burst_of<Int8Burst, F32Burst>,
   };
   return &table;
 }

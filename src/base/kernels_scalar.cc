@@ -11,6 +11,8 @@
 namespace kvc::kernels {
 namespace {
 
+#include "base/multiply_add_burst.h"
+
 float dot_f32_scalar(const float* a, const float* b, size_t n) {
   float sum = 0.0f;
   for (size_t i = 0; i < n; ++i) sum += a[i] * b[i];
@@ -200,8 +202,6 @@ uint64_t read_sum_scalar(const uint64_t* p, size_t n) {
   return s;
 }
 
-#include "base/multiply_add_burst.h"
-
 // multiply_add_burst's steps without vectors: one 32-bit multiply and add (wrapping)...
 struct Int8Burst {
   using Vec = uint32_t;
@@ -211,19 +211,14 @@ struct Int8Burst {
   static uint64_t fold(Vec acc) { return acc; }
 };
 
-// ...and one float multiply and add, acc * m + m with m in [0.5, 0.75).
+// ...and one float multiply and add (acc * m + m, m from burst_multiplier).
 struct F32Burst {
   using Vec = float;
   static constexpr uint64_t kMultiplyAdds = 1;
-  static Vec start(uint64_t seed) { return 0.5f + static_cast<float>(seed % 256) / 1024.0f; }
+  static Vec start(uint64_t seed) { return burst_multiplier(seed); }
   static Vec step(Vec acc, Vec operand) { return acc * operand + operand; }
   static uint64_t fold(Vec acc) { return std::bit_cast<uint32_t>(acc); }
 };
-
-uint64_t multiply_add_burst_scalar(Arithmetic kind, size_t rounds, uint64_t* checksum) {
-  return kind == Arithmetic::kInt8 ? multiply_add_chains<Int8Burst>(rounds, checksum)
-                                   : multiply_add_chains<F32Burst>(rounds, checksum);
-}
 
 }  // namespace
 
@@ -250,7 +245,7 @@ const KernelTable& scalar_kernels() {
       softmax_exp_scalar,
       silu_mul_scalar,
       read_sum_scalar,
-      multiply_add_burst_scalar,
+      multiply_add_burst_of<Int8Burst, F32Burst>,
   };
   return table;
 }

@@ -9,6 +9,12 @@
 // latency (4-5 cycles) at two instructions a cycle, the most any x86 core here issues.
 inline constexpr int kBurstChains = 12;
 
+// A float chain's start from a seed, in [0.5, 0.75): with steps acc * m + m for such an m,
+// every value stays normal (subnormals would slow the chain).
+inline float burst_multiplier(uint64_t seed) {
+  return 0.5f + static_cast<float>(seed % 256) / 1024.0f;
+}
+
 // `rounds` rounds of one Op::step on each of kBurstChains accumulators. Op names the vector
 // (Vec), the multiply-adds one step runs (kMultiplyAdds), a chain's start from a seed, the
 // step and a fold of a chain's result into 64 bits. The seed comes from *checksum and the folds
@@ -26,4 +32,11 @@ uint64_t multiply_add_chains(size_t rounds, uint64_t* checksum) {
   }
   for (int c = 0; c < kBurstChains; ++c) *checksum += Op::fold(acc[c]);
   return static_cast<uint64_t>(rounds) * kBurstChains * Op::kMultiplyAdds;
+}
+
+// The instruction set's multiply_add_burst (kernel_table.h) from its Int8 and F32 steps.
+template <class Int8, class F32>
+uint64_t multiply_add_burst_of(Arithmetic kind, size_t rounds, uint64_t* checksum) {
+  return kind == Arithmetic::kInt8 ? multiply_add_chains<Int8>(rounds, checksum)
+                                   : multiply_add_chains<F32>(rounds, checksum);
 }
