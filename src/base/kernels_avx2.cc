@@ -279,6 +279,13 @@ inline __m256i pack_i8(__m256i a, __m256i b, __m256i c, __m256i d) {
   return _mm256_permutevar8x32_epi32(all, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+// The sum of v's 64-bit lanes, unsigned (so that it wraps).
+inline uint64_t sum_words(__m256i v) {
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
 // Four independent sums of 256-bit loads keep several lines in flight.
 uint64_t read_sum_avx2(const uint64_t* p, size_t n) {
   __m256i a[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
@@ -290,19 +297,10 @@ uint64_t read_sum_avx2(const uint64_t* p, size_t n) {
     a[2] = _mm256_add_epi64(a[2], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 8)));
     a[3] = _mm256_add_epi64(a[3], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 12)));
   }
-  const __m256i s = _mm256_add_epi64(_mm256_add_epi64(a[0], a[1]), _mm256_add_epi64(a[2], a[3]));
-  alignas(32) uint64_t lanes[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
-  uint64_t total = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+  uint64_t total =
+      sum_words(_mm256_add_epi64(_mm256_add_epi64(a[0], a[1]), _mm256_add_epi64(a[2], a[3])));
   for (; i < n; ++i) total += p[i];
   return total;
-}
-
-// The sum of v's 64-bit lanes, unsigned (so that it wraps).
-inline uint64_t sum_words(__m256i v) {
-  alignas(32) uint64_t lanes[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
-  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
 }
 
 // multiply_add_burst's steps: vpmaddubsw, 32 byte products summed in pairs into int16 lanes.

@@ -311,6 +311,16 @@ void accumulate_f16_queries_avx512(const float* const* p, size_t nq, const uint1
   accumulate_f16_queries<Lanes, 4, 6>(p, nq, v, n, hd, out, ahead);
 }
 
+// The sum of v's 64-bit lanes as unsigned words, so that it wraps (_mm512_reduce_add_epi64 adds
+// signed ones, whose wrap is undefined).
+inline uint64_t sum_words(__m512i v) {
+  alignas(64) uint64_t lanes[8];
+  _mm512_store_si512(lanes, v);
+  uint64_t total = 0;
+  for (uint64_t w : lanes) total += w;
+  return total;
+}
+
 // Four independent sums of 512-bit loads keep several lines in flight.
 uint64_t read_sum_avx512(const uint64_t* p, size_t n) {
   __m512i a[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
@@ -322,22 +332,9 @@ uint64_t read_sum_avx512(const uint64_t* p, size_t n) {
     a[2] = _mm512_add_epi64(a[2], _mm512_loadu_si512(p + i + 16));
     a[3] = _mm512_add_epi64(a[3], _mm512_loadu_si512(p + i + 24));
   }
-  // Summed as unsigned words: _mm512_reduce_add_epi64 adds signed ones, whose wrap is undefined.
-  alignas(64) uint64_t lanes[8];
-  _mm512_store_si512(lanes,
-                     _mm512_add_epi64(_mm512_add_epi64(a[0], a[1]), _mm512_add_epi64(a[2], a[3])));
-  uint64_t total = 0;
-  for (uint64_t v : lanes) total += v;
+  uint64_t total =
+      sum_words(_mm512_add_epi64(_mm512_add_epi64(a[0], a[1]), _mm512_add_epi64(a[2], a[3])));
   for (; i < n; ++i) total += p[i];
-  return total;
-}
-
-// The sum of v's 64-bit lanes, unsigned (so that it wraps).
-inline uint64_t sum_words(__m512i v) {
-  alignas(64) uint64_t lanes[8];
-  _mm512_store_si512(lanes, v);
-  uint64_t total = 0;
-  for (uint64_t w : lanes) total += w;
   return total;
 }
 

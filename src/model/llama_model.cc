@@ -118,7 +118,7 @@ void LlamaModel::bind_weights() {
     }
     for (const WeightView* v : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
       matrices += v->row_stride() * v->out_dim;
-      layer_weights_per_token_ += v->in_dim * v->out_dim;
+      layer_matrix_elements_ += v->in_dim * v->out_dim;
     }
   }
   bytes_read_per_token_ = matrices + output_.row_stride() * output_.out_dim;
@@ -136,7 +136,7 @@ uint64_t LlamaModel::multiply_adds(int start, int tokens) const {
   }
   // Per key, each query head takes head_dim multiply-adds for its score and head_dim for the
   // weighted value.
-  return layer_weights_per_token_ * static_cast<uint64_t>(tokens) +
+  return layer_matrix_elements_ * static_cast<uint64_t>(tokens) +
          2 * static_cast<uint64_t>(c.q_dim()) * keys_seen + output_.in_dim * output_.out_dim;
 }
 

@@ -107,7 +107,8 @@ class LlamaModel {
   WeightView output_;
   uint64_t weight_bytes_ = 0;
   uint64_t bytes_read_per_token_ = 0;
-  uint64_t layer_weights_per_token_ = 0;  // weights of every layer's matrices, all layers
+  // Elements of every layer's matrices, all layers: each multiplies once per position.
+  uint64_t layer_matrix_elements_ = 0;
 };
 
 }  // namespace kvc::model
