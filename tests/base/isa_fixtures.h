@@ -2,18 +2,44 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <random>
+#include <string>
+#include <string_view>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "base/kernels.h"
 
 namespace kvc::isa_fixtures {
 
-// Scalar, then every SIMD instruction set this CPU has (a test names those it skips).
+// Scalar, then every SIMD instruction set this CPU has. Each one it lacks is named in the
+// running test's output (once per test) and as its "untested_isa" property, so that a pass on a
+// smaller CPU says what it did not test instead of passing silently.
 inline std::vector<kernels::Isa> supported_isas() {
   std::vector<kernels::Isa> out = {kernels::Isa::kScalar};
-  if (kernels::best_isa() >= kernels::Isa::kAvx2) out.push_back(kernels::Isa::kAvx2);
-  if (kernels::best_isa() >= kernels::Isa::kAvx512) out.push_back(kernels::Isa::kAvx512);
+  std::string lacked;
+  for (kernels::Isa isa : {kernels::Isa::kAvx2, kernels::Isa::kAvx512}) {
+    if (kernels::best_isa() >= isa) {
+      out.push_back(isa);
+    } else {
+      const std::string_view name = kernels::isa_name(isa);
+      if (!lacked.empty()) lacked.push_back(',');
+      lacked.append(name.data(), name.size());
+    }
+  }
+  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  static std::string named_for;
+  if (!lacked.empty() && test != nullptr) {
+    const std::string name = std::string(test->test_suite_name()) + "." + test->name();
+    if (name != named_for) {
+      named_for = name;
+      std::printf("[ UNTESTED ] this CPU lacks %s: %s does not test those kernels here\n",
+                  lacked.c_str(), name.c_str());
+      ::testing::Test::RecordProperty("untested_isa", lacked);
+    }
+  }
   return out;
 }
 
