@@ -204,13 +204,13 @@ TEST(Cli, BenchReportsDecodeAgainstBandwidth) {
   EXPECT_THAT(r.out, HasSubstr("the median of 2 runs"));
   EXPECT_THAT(r.out, ::testing::ContainsRegex("tiny +q8_0 +1 "));
   EXPECT_THAT(r.out, HasSubstr("vs rows"));
-  // The limit is the probe's sustained rate, so a fraction of it is at least the fraction of
-  // its fastest pass (the last two columns).
   // The row's cells (the weights' size takes two: "137.2 KiB").
   std::istringstream row(r.out.substr(r.out.find("\ntiny ") + 1));
   std::vector<std::string> cells(18);
   for (auto& c : cells) row >> c;
   const auto cell = [&](size_t i) { return std::stod(cells[i]); };
+  // The limit is the probe's sustained rate, so a fraction of it (of limit) is at least the
+  // fraction of its fastest pass (of best).
   EXPECT_GE(cell(14), cell(15)) << r.out;
   EXPECT_GT(cell(15), 0.0) << r.out;
   // The product alone beside them: its GB/s, and that over the limit measured just before it
