@@ -34,7 +34,7 @@ Speeds speeds(const engine::RequestStats& s) {
 constexpr int kProbePasses = 3;
 // Seconds of each measurement of the multiply-add ceiling.
 constexpr double kPeakSeconds = 0.1;
-// Rounds of one burst: about 0.1 ms on a vector core, a few on the scalar one.
+// Rounds of one burst (a few microseconds): the clock is read between bursts.
 constexpr size_t kBurstRounds = 2000;
 // Rows quantised for ProductBandwidth's matrix before it is copied over the rest.
 constexpr size_t kProductTileRows = 256;

@@ -45,6 +45,8 @@ struct KernelTable {
   uint64_t (*read_sum)(const uint64_t* p, size_t n);
   // Independent multiply-adds of one kind (kernels.h multiply_add_burst).
   uint64_t (*multiply_add_burst)(Arithmetic kind, size_t rounds, uint64_t* checksum);
+  // The instruction that burst runs for kind.
+  const char* (*multiply_add_instruction)(Arithmetic kind);
 };
 
 // The AVX2 + F16C row conversions, which the AVX-512 table shares (they are bound by memory).

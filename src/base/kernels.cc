@@ -172,25 +172,12 @@ Arithmetic gemm_arithmetic(DType wtype) {
   }
 }
 
-std::string_view arithmetic_name(Arithmetic kind) {
-  return kind == Arithmetic::kInt8 ? "int8" : "f32";
-}
-
 uint64_t multiply_add_burst(Arithmetic kind, size_t rounds, uint64_t* checksum) {
   return table().multiply_add_burst(kind, rounds, checksum);
 }
 
 std::string_view multiply_add_instruction(Arithmetic kind) {
-  const bool int8 = kind == Arithmetic::kInt8;
-  switch (active_isa()) {
-    case Isa::kAvx512:
-      return int8 ? "vpdpbusd zmm" : "vfmadd zmm";
-    case Isa::kAvx2:
-      return int8 ? "vpmaddubsw ymm" : "vfmadd ymm";
-    case Isa::kScalar:
-      break;
-  }
-  return int8 ? "32-bit multiply and add" : "float multiply and add";
+  return table().multiply_add_instruction(kind);
 }
 
 void quantize(DType t, const float* x, void* out, size_t n) {

@@ -54,7 +54,6 @@ uint64_t read_sum(const uint64_t* p, size_t n);
 enum class Arithmetic : uint8_t { kInt8, kF32 };
 // The arithmetic of wtype's matrix products.
 Arithmetic gemm_arithmetic(DType wtype);
-std::string_view arithmetic_name(Arithmetic kind);
 // Runs `rounds` rounds of independent multiply-adds of `kind` on the calling thread, with the
 // active instruction set's widest instruction for it (AVX-512: vpdpbusd on 64 byte pairs or
 // vfmadd on 16 floats; AVX2: vpmaddubsw on 32 byte pairs or vfmadd on 8 floats; scalar: one

@@ -306,6 +306,7 @@ uint64_t read_sum_avx2(const uint64_t* p, size_t n) {
 // multiply_add_burst's steps: vpmaddubsw, 32 byte products summed in pairs into int16 lanes.
 struct Int8Burst {
   using Vec = __m256i;
+  static constexpr const char* kInstruction = "vpmaddubsw ymm";
   static constexpr uint64_t kMultiplyAdds = 32;
   static Vec start(uint64_t seed) { return _mm256_set1_epi64x(static_cast<long long>(seed)); }
   static Vec step(Vec acc, Vec operand) { return _mm256_maddubs_epi16(acc, operand); }
@@ -315,6 +316,7 @@ struct Int8Burst {
 // vfmadd on 8 floats (acc * m + m, m from burst_multiplier).
 struct F32Burst {
   using Vec = __m256;
+  static constexpr const char* kInstruction = "vfmadd ymm";
   static constexpr uint64_t kMultiplyAdds = 8;
   static Vec start(uint64_t seed) { return _mm256_set1_ps(burst_multiplier(seed)); }
   static Vec step(Vec acc, Vec operand) { return _mm256_fmadd_ps(acc, operand, operand); }
@@ -420,6 +422,7 @@ const KernelTable* avx2_kernels() {
       silu_mul_avx2,
       read_sum_avx2,
       multiply_add_burst_of<Int8Burst, F32Burst>,
+      multiply_add_instruction_of<Int8Burst, F32Burst>,
   };
   return &table;
 }

@@ -341,6 +341,7 @@ uint64_t read_sum_avx512(const uint64_t* p, size_t n) {
 // multiply_add_burst's steps: vpdpbusd, 64 byte products summed into 16 int32 lanes.
 struct Int8Burst {
   using Vec = __m512i;
+  static constexpr const char* kInstruction = "vpdpbusd zmm";
   static constexpr uint64_t kMultiplyAdds = 64;
   static Vec start(uint64_t seed) { return _mm512_set1_epi64(static_cast<long long>(seed)); }
   static Vec step(Vec acc, Vec operand) { return _mm512_dpbusd_epi32(acc, operand, operand); }
@@ -350,6 +351,7 @@ struct Int8Burst {
 // vfmadd on 16 floats (acc * m + m, m from burst_multiplier).
 struct F32Burst {
   using Vec = __m512;
+  static constexpr const char* kInstruction = "vfmadd zmm";
   static constexpr uint64_t kMultiplyAdds = 16;
   static Vec start(uint64_t seed) { return _mm512_set1_ps(burst_multiplier(seed)); }
   static Vec step(Vec acc, Vec operand) { return _mm512_fmadd_ps(acc, operand, operand); }
@@ -379,6 +381,7 @@ const KernelTable* avx512_kernels() {
       silu_mul_avx512,
       read_sum_avx512,
       multiply_add_burst_of<Int8Burst, F32Burst>,
+      multiply_add_instruction_of<Int8Burst, F32Burst>,
   };
   return &table;
 }

@@ -205,6 +205,7 @@ uint64_t read_sum_scalar(const uint64_t* p, size_t n) {
 // multiply_add_burst's steps without vectors: one 32-bit multiply and add (wrapping)...
 struct Int8Burst {
   using Vec = uint32_t;
+  static constexpr const char* kInstruction = "32-bit multiply and add";
   static constexpr uint64_t kMultiplyAdds = 1;
   static Vec start(uint64_t seed) { return static_cast<uint32_t>(seed); }
   static Vec step(Vec acc, Vec operand) { return acc * operand + operand; }
@@ -214,6 +215,7 @@ struct Int8Burst {
 // ...and one float multiply and add (acc * m + m, m from burst_multiplier).
 struct F32Burst {
   using Vec = float;
+  static constexpr const char* kInstruction = "float multiply and add";
   static constexpr uint64_t kMultiplyAdds = 1;
   static Vec start(uint64_t seed) { return burst_multiplier(seed); }
   static Vec step(Vec acc, Vec operand) { return acc * operand + operand; }
@@ -246,6 +248,7 @@ const KernelTable& scalar_kernels() {
       silu_mul_scalar,
       read_sum_scalar,
       multiply_add_burst_of<Int8Burst, F32Burst>,
+      multiply_add_instruction_of<Int8Burst, F32Burst>,
   };
   return table;
 }

@@ -16,10 +16,10 @@ inline float burst_multiplier(uint64_t seed) {
 }
 
 // `rounds` rounds of one Op::step on each of kBurstChains accumulators. Op names the vector
-// (Vec), the multiply-adds one step runs (kMultiplyAdds), a chain's start from a seed, the
-// step and a fold of a chain's result into 64 bits. The seed comes from *checksum and the folds
-// are added to it, so the compiler can neither precompute nor drop the steps. Returns the
-// multiply-adds run.
+// (Vec), the instruction (kInstruction), the multiply-adds one step runs (kMultiplyAdds), a chain's
+// start from a seed, the step and a fold of a chain's result into 64 bits. The seed comes from
+// *checksum and the folds are added to it, so the compiler can neither precompute nor drop the
+// steps. Returns the multiply-adds run.
 template <class Op>
 uint64_t multiply_add_chains(size_t rounds, uint64_t* checksum) {
   typename Op::Vec acc[kBurstChains];
@@ -39,4 +39,10 @@ template <class Int8, class F32>
 uint64_t multiply_add_burst_of(Arithmetic kind, size_t rounds, uint64_t* checksum) {
   return kind == Arithmetic::kInt8 ? multiply_add_chains<Int8>(rounds, checksum)
                                    : multiply_add_chains<F32>(rounds, checksum);
+}
+
+// The instruction each of those steps runs (Op::kInstruction), for reports.
+template <class Int8, class F32>
+const char* multiply_add_instruction_of(Arithmetic kind) {
+  return kind == Arithmetic::kInt8 ? Int8::kInstruction : F32::kInstruction;
 }

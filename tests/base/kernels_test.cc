@@ -229,7 +229,7 @@ TEST(Kernels, MultiplyAddBurstCountsItsInstructionsAndFoldsTheirResults) {
     kernels::set_isa(isa);
     for (Arithmetic kind : {Arithmetic::kInt8, Arithmetic::kF32}) {
       SCOPED_TRACE(std::string(kernels::isa_name(isa)) + " " +
-                   std::string(kernels::arithmetic_name(kind)));
+                   std::string(kernels::multiply_add_instruction(kind)));
       const uint64_t lanes = isa == Isa::kAvx512 ? (kind == Arithmetic::kInt8 ? 64 : 16)
                              : isa == Isa::kAvx2 ? (kind == Arithmetic::kInt8 ? 32 : 8)
                                                  : 1;
