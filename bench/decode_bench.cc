@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 
@@ -50,18 +51,17 @@ ReadBandwidth::ReadBandwidth(size_t bytes) : memory_(bytes) {
   for (size_t i = 0; i < bytes / sizeof(uint64_t); ++i) data[i] = i;
 }
 
-ReadBandwidth::Rate ReadBandwidth::measure(int threads, int passes) {
+ReadBandwidth::Rate ReadBandwidth::measure(ThreadPool& pool, int passes) {
   const size_t n = memory_.size() / sizeof(uint64_t);
   const double gb = static_cast<double>(n * sizeof(uint64_t)) / 1e9;
-  ThreadPool pool(threads);
   Rate rate;
   double seconds = 0.0;
-  std::vector<uint64_t> sink(threads);
+  std::atomic<uint64_t> sink{0};
   for (int pass = 0; pass < passes; ++pass) {
     const auto start = Clock::now();
-    pool.run([&](int t) {
-      const size_t begin = n * t / threads, end = n * (t + 1) / threads;
-      sink[t] += kernels::read_sum(words() + begin, end - begin);
+    // Split as the engine splits a product: each thread's range follows its measured speed.
+    pool.parallel_for(n, [&](size_t begin, size_t end) {
+      sink += kernels::read_sum(words() + begin, end - begin);
     });
     const double s = seconds_since(start);
     seconds += s;
@@ -69,9 +69,7 @@ ReadBandwidth::Rate ReadBandwidth::measure(int threads, int passes) {
   }
   rate.sustained = gb * passes / seconds;
   // The sums feed a branch the optimiser cannot drop.
-  if (std::all_of(sink.begin(), sink.end(), [](uint64_t s) { return s == 1; })) {
-    rate.sustained += 1e-9;
-  }
+  if (sink.load() == 1) rate.sustained += 1e-9;
   return rate;
 }
 
@@ -98,8 +96,7 @@ ProductBandwidth::ProductBandwidth(DType dtype, size_t in_dim, size_t bytes)
   y_.resize(weights_.out_dim);
 }
 
-double ProductBandwidth::measure(int threads, int passes) {
-  ThreadPool pool(threads);
+double ProductBandwidth::measure(ThreadPool& pool, int passes) {
   const double gb = static_cast<double>(weights_.out_dim * weights_.row_stride()) / 1e9;
   const auto start = Clock::now();
   for (int pass = 0; pass < passes; ++pass)
@@ -130,11 +127,11 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
   ReadBandwidth bandwidth(o.bandwidth_bytes);
   out << fmt::format("KV cache: {}\n", kv::kv_dtypes_name(o.kv_k_dtype, o.kv_v_dtype));
   out << fmt::format(
-      "{:<16} {:<5} {:>7} {:>10} {:>12} {:>8} {:>14} {:>11} {:>8} {:>11} {:>8} {:>12} {:>11} "
-      "{:>9} {:>8} {:>10} {:>9}\n",
-      "model", "dtype", "threads", "weights", "prefill t/s", "vs rows", "prefill GOP/s",
-      "peak GOP/s", "of peak", "decode t/s", "vs rows", "decode GB/s", "limit GB/s", "of limit",
-      "of best", "GEMV GB/s", "GEMV of");
+      "{:<16} {:<5} {:>7} {:>10} {:>12} {:>8} {:>8} {:>14} {:>11} {:>8} {:>11} {:>8} {:>8} "
+      "{:>12} {:>11} {:>9} {:>8} {:>10} {:>9}\n",
+      "model", "dtype", "threads", "weights", "prefill t/s", "vs rows", "vs even", "prefill GOP/s",
+      "peak GOP/s", "of peak", "decode t/s", "vs rows", "vs even", "decode GB/s", "limit GB/s",
+      "of limit", "of best", "GEMV GB/s", "GEMV of");
   out.flush();
   for (const std::string& preset : o.presets) {
     for (DType dtype : o.dtypes) {
@@ -176,15 +173,24 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
         // so each decode run is set against the bandwidth measured just before and just after
         // it, and the figures are the medians over the runs.
         std::vector<double> prefill, decode, limit, fraction, of_fastest, gemv, gemv_fraction;
-        ReadBandwidth::Rate before = bandwidth.measure(threads, kProbePasses);
+        std::vector<double> prefill_vs_even, decode_vs_even;
+        // The probes' own pool, whose ranges learn its threads' speeds as the engine's do.
+        ThreadPool probes(threads);
+        ReadBandwidth::Rate before = bandwidth.measure(probes, kProbePasses);
         // The compute ceiling is the fastest of its measurements after each run: a neighbour on
         // a shared host slows it as it slows prefill, but a ceiling is what the cores can do.
         const kernels::Arithmetic arithmetic = kernels::gemm_arithmetic(dtype);
         double peak = 0.0;
         for (int run = 0; run < o.runs; ++run) {
+          // Each run beside one whose ranges split evenly (the same values), under one load.
+          ThreadPool::set_learned_splits(false);
+          const Speeds even = speeds(engine::complete(engine, r).stats);
+          ThreadPool::set_learned_splits(true);
           const Speeds tiled = speeds(engine::complete(engine, r).stats);
+          prefill_vs_even.push_back(tiled.prefill / even.prefill);
+          decode_vs_even.push_back(tiled.decode / even.decode);
           peak = std::max(peak, multiply_add_peak(arithmetic, threads, kPeakSeconds));
-          const ReadBandwidth::Rate after = bandwidth.measure(threads, kProbePasses);
+          const ReadBandwidth::Rate after = bandwidth.measure(probes, kProbePasses);
           const double around = (before.sustained + after.sustained) / 2.0;
           const double decode_gbs = model->bytes_read_per_token() * tiled.decode / 1e9;
           prefill.push_back(tiled.prefill);
@@ -193,7 +199,7 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
           fraction.push_back(decode_gbs / around);
           of_fastest.push_back(decode_gbs / ((before.fastest + after.fastest) / 2.0));
           // The product alone, between this run's probe after and the next run's decode.
-          const double gemv_gbs = product.measure(threads, kProbePasses);
+          const double gemv_gbs = product.measure(probes, kProbePasses);
           gemv.push_back(gemv_gbs);
           gemv_fraction.push_back(gemv_gbs / after.sustained);
           before = after;
@@ -206,21 +212,24 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
                                    o.prompt_tokens * prefill_tps;
         const double peak_ops = 2.0 * peak;
         out << fmt::format(
-            "{:<16} {:<5} {:>7} {:>10} {:>12.1f} {:>7.2f}x {:>14.1f} {:>11.1f} {:>8.2f} {:>11.1f} "
-            "{:>7.2f}x {:>12.1f} {:>11.1f} {:>9.2f} {:>8.2f} {:>10.1f} {:>9.2f}\n",
+            "{:<16} {:<5} {:>7} {:>10} {:>12.1f} {:>7.2f}x {:>7.2f}x {:>14.1f} {:>11.1f} {:>8.2f} "
+            "{:>11.1f} {:>7.2f}x {:>7.2f}x {:>12.1f} {:>11.1f} {:>9.2f} {:>8.2f} {:>10.1f} "
+            "{:>9.2f}\n",
             preset, dtype_name(dtype), threads, format_bytes(model->weight_bytes()), prefill_tps,
-            prefill_tps / untiled.prefill, prefill_ops / 1e9, peak_ops / 1e9,
-            prefill_ops / peak_ops, decode_tps, decode_tps / untiled.decode,
-            model->bytes_read_per_token() * decode_tps / 1e9, quantile(limit, 0.5),
-            quantile(fraction, 0.5), quantile(of_fastest, 0.5), quantile(gemv, 0.5),
-            quantile(gemv_fraction, 0.5));
+            prefill_tps / untiled.prefill, quantile(prefill_vs_even, 0.5), prefill_ops / 1e9,
+            peak_ops / 1e9, prefill_ops / peak_ops, decode_tps, decode_tps / untiled.decode,
+            quantile(decode_vs_even, 0.5), model->bytes_read_per_token() * decode_tps / 1e9,
+            quantile(limit, 0.5), quantile(fraction, 0.5), quantile(of_fastest, 0.5),
+            quantile(gemv, 0.5), quantile(gemv_fraction, 0.5));
         out.flush();
       }
     }
   }
   out << fmt::format(
       "\nkernels: {}; vs rows = speed with the GEMM tiles / one dot product at a "
-      "time (same results); prefill GOP/s = the prompt's multiply-adds (matrix products, "
+      "time (same results); vs even = speed with each thread's range sized by its measured speed "
+      "/ with even ranges (same results), the median over the runs, each run beside its own; "
+      "prefill GOP/s = the prompt's multiply-adds (matrix products, "
       "attention over the keys each position sees, the last position's logits) x 2 x prefill "
       "tokens/s / prompt tokens; peak GOP/s = the instruction set's widest multiply-add of the "
       "weight type's arithmetic ({} for the quantised types, {} for the float types) on every "
@@ -232,7 +241,8 @@ void run_decode_bench(const DecodeBenchOptions& o, std::ostream& out) {
       kernels::multiply_add_instruction(kernels::Arithmetic::kF32), kPeakSeconds);
   out << fmt::format(
       "limit GB/s = read bandwidth of a {} array in huge pages (as the weights) with the kernels' "
-      "widest loads at the same thread count, {} passes (all the bytes over all the time, as "
+      "widest loads at the same thread count (ranges sized as a product's), {} passes (all the "
+      "bytes over all the time, as "
       "decode tokens/s is), measured just before and just after each decode run; of limit = "
       "weight bytes read per decoded token x decode tokens/s / that run's limit; of best = the "
       "same over the fastest pass of each measurement (this bench's limit before); every figure "

@@ -35,13 +35,13 @@ class ReadBandwidth {
  public:
   // Allocates and fills the array of `bytes`.
   explicit ReadBandwidth(size_t bytes);
-  // GB/s of `passes` reads of the whole array split over `threads` threads: sustained (all the
+  // GB/s of `passes` reads of the whole array split over the pool's threads: sustained (all the
   // bytes over all the time, as decode's tokens/s is) and of the fastest pass.
   struct Rate {
     double sustained = 0.0;
     double fastest = 0.0;
   };
-  Rate measure(int threads, int passes);
+  Rate measure(ThreadPool& pool, int passes);
 
  private:
   // The same memory as the weights (huge pages), so that both stream alike.
@@ -57,9 +57,9 @@ class ProductBandwidth {
  public:
   // Allocates rows of in_dim values of dtype, about `bytes` of them, filled with valid weights.
   ProductBandwidth(DType dtype, size_t in_dim, size_t bytes);
-  // GB/s of `passes` products over the whole matrix on `threads` threads: all the bytes over all
-  // the time, as ReadBandwidth's sustained rate.
-  double measure(int threads, int passes);
+  // GB/s of `passes` products over the whole matrix on the pool's threads: all the bytes over
+  // all the time, as ReadBandwidth's sustained rate.
+  double measure(ThreadPool& pool, int passes);
 
  private:
   HugePageMemory memory_;

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "base/error.h"
@@ -48,6 +50,61 @@ TEST(ThreadPool, RunsManyRegionsBackToBack) {
     pool.run([&](int index) { sum += index + 1; });
   }
   EXPECT_EQ(sum.load(), 20000L * 3);
+}
+
+// Busy for `per_item` times n on the calling thread's clock (a sleep would hand the core back).
+void spin_for(std::chrono::microseconds per_item, size_t n) {
+  const auto until = std::chrono::steady_clock::now() + per_item * n;
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
+
+TEST(ThreadPool, ParallelForGivesASlowerThreadFewerItems) {
+  ThreadPool pool(2);
+  EXPECT_EQ(pool.shares(), (std::vector<double>{0.5, 0.5}));
+  // The caller (thread 0, the first range) takes eight times as long per item as the worker.
+  const std::thread::id caller = std::this_thread::get_id();
+  size_t first_range = 0;
+  for (int region = 0; region < 30; ++region) {
+    std::vector<std::atomic<int>> hits(64);
+    pool.parallel_for(hits.size(), [&](size_t b, size_t e) {
+      const bool slow = std::this_thread::get_id() == caller;
+      if (slow) first_range = e - b;
+      spin_for(std::chrono::microseconds(slow ? 40 : 5), e - b);
+      for (size_t i = b; i < e; ++i) hits[i]++;
+    });
+    for (auto& h : hits) ASSERT_EQ(h.load(), 1) << region;
+  }
+  const std::vector<double> shares = pool.shares();
+  EXPECT_NEAR(shares[0] + shares[1], 1.0, 1e-12);
+  // The caller's rate is a ninth of the two; its share stops near the floor, an eighth.
+  EXPECT_LT(shares[0], 0.3);
+  EXPECT_GT(shares[0], 0.1);
+  EXPECT_LT(first_range, 64u * 3 / 10);
+  EXPECT_GE(first_range, 1u);
+}
+
+TEST(ThreadPool, RangesStayWholeWhateverTheShares) {
+  ThreadPool pool(3);
+  // Teach the pool that thread 0 is slow, then split amounts from 3 items up: every index once,
+  // one range a thread, none empty.
+  const std::thread::id caller = std::this_thread::get_id();
+  for (int region = 0; region < 20; ++region) {
+    pool.parallel_for(30, [&](size_t b, size_t e) {
+      spin_for(std::chrono::microseconds(std::this_thread::get_id() == caller ? 50 : 5), e - b);
+    });
+  }
+  for (size_t n = 3; n < 40; ++n) {
+    std::vector<std::atomic<int>> hits(n);
+    std::atomic<int> ranges{0};
+    pool.parallel_for(n, [&](size_t b, size_t e) {
+      EXPECT_LT(b, e);
+      ++ranges;
+      for (size_t i = b; i < e; ++i) hits[i]++;
+    });
+    for (auto& h : hits) EXPECT_EQ(h.load(), 1) << n;
+    EXPECT_EQ(ranges.load(), 3) << n;
+  }
 }
 
 TEST(ThreadPool, RejectsZeroThreads) {

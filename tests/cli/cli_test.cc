@@ -204,27 +204,31 @@ TEST(Cli, BenchReportsDecodeAgainstBandwidth) {
   EXPECT_THAT(r.out, HasSubstr("the median of 2 runs"));
   EXPECT_THAT(r.out, ::testing::ContainsRegex("tiny +q8_0 +1 "));
   EXPECT_THAT(r.out, HasSubstr("vs rows"));
+  EXPECT_THAT(r.out, HasSubstr("vs even = speed with each thread's range sized by its measured"));
   // The row's cells (the weights' size takes two: "137.2 KiB").
   std::istringstream row(r.out.substr(r.out.find("\ntiny ") + 1));
-  std::vector<std::string> cells(18);
+  std::vector<std::string> cells(20);
   for (auto& c : cells) row >> c;
   const auto cell = [&](size_t i) { return std::stod(cells[i]); };
   // The limit is the probe's sustained rate, so a fraction of it (of limit) is at least the
   // fraction of its fastest pass (of best).
-  EXPECT_GE(cell(14), cell(15)) << r.out;
-  EXPECT_GT(cell(15), 0.0) << r.out;
+  EXPECT_GE(cell(16), cell(17)) << r.out;
+  EXPECT_GT(cell(17), 0.0) << r.out;
   // The product alone beside them: its GB/s, and that over the limit measured just before it
   // (near the median limit, which averages the measurements around each run).
   EXPECT_THAT(r.out, HasSubstr("GEMV GB/s = the weight type's matrix product alone"));
-  EXPECT_GT(cell(16), 0.0) << r.out;
-  EXPECT_GT(cell(17), 0.0) << r.out;
-  EXPECT_NEAR(cell(17), cell(16) / cell(13), cell(17)) << r.out;
+  EXPECT_GT(cell(18), 0.0) << r.out;
+  EXPECT_GT(cell(19), 0.0) << r.out;
+  EXPECT_NEAR(cell(19), cell(18) / cell(15), cell(19)) << r.out;
   // Prefill against the compute ceiling: its operations per second over the instruction set's
   // multiply-adds on as many threads, which no prefill reaches.
   EXPECT_THAT(r.out, HasSubstr("peak GOP/s = the instruction set's widest multiply-add"));
+  EXPECT_GT(cell(8), 0.0) << r.out;
+  EXPECT_GT(cell(9), cell(8)) << r.out;
+  EXPECT_NEAR(cell(10), cell(8) / cell(9), 0.01) << r.out;
+  // Each run beside one with even ranges: a ratio for prefill and one for decode.
   EXPECT_GT(cell(7), 0.0) << r.out;
-  EXPECT_GT(cell(8), cell(7)) << r.out;
-  EXPECT_NEAR(cell(9), cell(7) / cell(8), 0.01) << r.out;
+  EXPECT_GT(cell(13), 0.0) << r.out;
   const Result none = kvcache("bench --models tiny --dtypes q8_0 --threads 1 -r 0");
   EXPECT_EQ(none.status, 1);
   EXPECT_THAT(none.err, HasSubstr("-r must be at least 1"));
