@@ -91,8 +91,8 @@ void ThreadPool::run(const std::function<void(int)>& fn) {
   }
 }
 
-void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn,
-                              size_t grain) {
+void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn, size_t grain,
+                              bool equal_items) {
   // Waking a thread costs microseconds, so small jobs stay on fewer threads.
   const size_t parts = std::clamp<size_t>(n / std::max<size_t>(grain, 1), 1, n_threads_);
   if (parts == 1 || n <= 1) {
@@ -120,7 +120,7 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)
     timing_[i] = {bounds_[i + 1] - bounds_[i],
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
   });
-  if (learned && parts == static_cast<size_t>(n_threads_)) learn_shares();
+  if (learned && equal_items && parts == static_cast<size_t>(n_threads_)) learn_shares();
 }
 
 void ThreadPool::set_learned_splits(bool learned) {

@@ -26,8 +26,10 @@ class ThreadPool {
   // allows, at most size()), and runs fn(begin, end) on each in parallel; one runs inline on the
   // caller. How many ranges depends only on n, grain and size(); where they meet follows each
   // thread's measured speed (see shares()), so fn must give an index the same result whatever
-  // range holds it.
-  void parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn, size_t grain = 1);
+  // range holds it. equal_items says that the items cost about the same, so that the region's
+  // timings can teach the shares (a region of unequal items uses them without teaching).
+  void parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn, size_t grain = 1,
+                    bool equal_items = true);
 
   // Each thread's share of a parallel_for's items, summing to 1: equal at first, then moved
   // toward the threads' item rates in recent regions, so that a core slowed by a busy sibling

@@ -84,6 +84,20 @@ TEST(ThreadPool, ParallelForGivesASlowerThreadFewerItems) {
   EXPECT_GE(first_range, 1u);
 }
 
+TEST(ThreadPool, RegionsOfUnequalItemsTeachNoShares) {
+  ThreadPool pool(2);
+  const std::thread::id caller = std::this_thread::get_id();
+  for (int region = 0; region < 10; ++region) {
+    pool.parallel_for(
+        64,
+        [&](size_t b, size_t e) {
+          spin_for(std::chrono::microseconds(std::this_thread::get_id() == caller ? 40 : 5), e - b);
+        },
+        1, /*equal_items=*/false);
+  }
+  EXPECT_EQ(pool.shares(), (std::vector<double>{0.5, 0.5}));
+}
+
 TEST(ThreadPool, RangesStayWholeWhateverTheShares) {
   ThreadPool pool(3);
   // Teach the pool that thread 0 is slow, then split amounts from 3 items up: every index once,
