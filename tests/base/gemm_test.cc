@@ -178,13 +178,14 @@ TEST_P(GemmTest, PrefillSizedCallsEqualTheSingleRowDot) {
   }
 }
 
-// Sets every activation to +-127 and checks every tile output against the single-row dot.
-void expect_extreme_activations_equal_the_single_row_dot(Operands& ops, std::mt19937& rng) {
+// Sets every activation to value() and checks every tile output against the single-row dot.
+template <class Value>
+void expect_activations_equal_the_single_row_dot(Operands& ops, Value value) {
   for (size_t r = 0; r < ops.n_x; ++r) {
     if (kernels::activation_type(ops.wt) == DType::Q8_K) {
       auto* q = reinterpret_cast<BlockQ8_K*>(&ops.x[r * ops.x_stride]);
       for (size_t b = 0; b < ops.n / 256; ++b) {
-        for (int8_t& v : q[b].qs) v = (rng() & 1) ? -127 : 127;
+        for (int8_t& v : q[b].qs) v = value();
         for (int k = 0; k < 16; ++k) {
           int sum = 0;
           for (int e = 0; e < 16; ++e) sum += q[b].qs[16 * k + e];
@@ -195,7 +196,7 @@ void expect_extreme_activations_equal_the_single_row_dot(Operands& ops, std::mt1
     }
     auto* q = reinterpret_cast<BlockQ8_0*>(&ops.x[r * ops.x_stride]);
     for (size_t b = 0; b < ops.n / 32; ++b) {
-      for (int8_t& v : q[b].qs) v = (rng() & 1) ? -127 : 127;
+      for (int8_t& v : q[b].qs) v = value();
     }
   }
   const std::vector<float> y = ops.gemm();
@@ -205,6 +206,12 @@ void expect_extreme_activations_equal_the_single_row_dot(Operands& ops, std::mt1
           << describe(ops.wt, ops.n, ops.n_w, ops.n_x, r, c);
     }
   }
+}
+
+// Sets every activation to +-127 and checks every tile output against the single-row dot.
+void expect_extreme_activations_equal_the_single_row_dot(Operands& ops, std::mt19937& rng) {
+  expect_activations_equal_the_single_row_dot(
+      ops, [&] { return static_cast<int8_t>((rng() & 1) ? -127 : 127); });
 }
 
 // Activation rows of a decode call (at most four, which take the narrow path) and of a tiled
@@ -239,6 +246,35 @@ TEST_P(GemmTest, ExtremeInt8ValuesEqualTheSingleRowDot) {
 
 // Byte offsets of the f16 fields in a block of an unpacked type or iq4_nl (the rest is
 // integers).
+std::vector<size_t> f16_fields(DType t);
+
+// Every integer byte of every block at 0xff or 0x80 (each type's largest unsigned values, or
+// -1 and -128), against activations all +127 or all -127: products of one sign, the largest
+// sums any int16 or int32 stage of a kernel can meet (the unsigned types sum several maddubs
+// pairs in int16 before widening them), still give the single-row dot's bits.
+TEST_P(GemmTest, SameSignExtremesEqualTheSingleRowDot) {
+  for (DType wt : kWeightTypes) {
+    if (block_elements(wt) == 1) continue;  // the float types have no integer bytes
+    for (uint8_t byte : {uint8_t{0xff}, uint8_t{0x80}}) {
+      for (int8_t x : {int8_t{127}, int8_t{-127}}) {
+        for (size_t n_x : kNarrowAndTiledRows) {
+          Operands ops(wt, block_elements(wt) == 256 ? 768 : 256, 9, n_x, 5);
+          std::fill(ops.w.begin(), ops.w.end(), byte);
+          std::vector<size_t> scales = f16_fields(wt);
+          if (wt == DType::Q8_0 || wt == DType::Q4_0) scales = {0};  // d leads their blocks
+          const uint16_t d = f32_to_f16(0.01f);
+          for (size_t b = 0; b < ops.w.size() / block_bytes(wt); ++b) {
+            for (size_t offset : scales) std::memcpy(&ops.w[b * block_bytes(wt) + offset], &d, 2);
+          }
+          SCOPED_TRACE(std::string(dtype_name(wt)) + " weight bytes " + std::to_string(byte) +
+                       ", activations " + std::to_string(x));
+          expect_activations_equal_the_single_row_dot(ops, [&] { return x; });
+        }
+      }
+    }
+  }
+}
+
 std::vector<size_t> f16_fields(DType t) {
   switch (t) {
     case DType::Q4_1:
