@@ -560,7 +560,9 @@ TEST_P(GemmTest, KQuantTypesSumInTheirDocumentedOrder) {
     return want;
   };
   for (DType wt : {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
-    for (size_t n : {256u, 768u}) {
+    // One to nine super-blocks a row, so that a kernel's loop over a row's super-blocks meets
+    // the reference at every count up to four, and beyond.
+    for (size_t n : {256u, 512u, 768u, 1024u, 1280u, 2304u}) {
       for (size_t n_x : {1u, 3u, 6u}) {
         const Operands ops(wt, n, 7, n_x, static_cast<uint32_t>(3 * n + n_x));
         const std::vector<float> y = ops.gemm();
