@@ -323,17 +323,18 @@ PrefixMatch PrefixIndex::match(const Hash256& ns, std::span<const int32_t> token
   share(w.path.size(), w.full_tokens + reusable);
   if (reusable > 0) {
     // Hold the source while allocating, so the eviction an allocation may trigger cannot
-    // take it.
-    pool_.retain(w.partial->block);
+    // take it. (Kept apart from the walk, whose partial a window's cut below may drop.)
+    Node* const source = w.partial;
+    pool_.retain(source->block);
     const auto fresh = table.source().take_block();
     if (fresh) {
-      pool_.copy_tokens(w.partial->block, *fresh, static_cast<int>(w.partial_tokens));
+      pool_.copy_tokens(source->block, *fresh, static_cast<int>(w.partial_tokens));
       table.append_owned(*fresh);
       m.copied_tokens = w.partial_tokens;
       m.cached_tokens += w.partial_tokens;
-      touch(w.partial);
-      ++w.partial->hits;  // a copy reuses it too
-      w.partial->used_ms = clock_();
+      touch(source);
+      ++source->hits;  // a copy reuses it too
+      source->used_ms = clock_();
     } else {
       m.miss = {MissKind::kPartialBlock, m.cached_tokens, 0};
       if (window_ > 0) {
@@ -344,7 +345,7 @@ PrefixMatch PrefixIndex::match(const Hash256& ns, std::span<const int32_t> token
         share(w.path.size(), w.full_tokens);
       }
     }
-    pool_.release(w.partial->block);
+    pool_.release(source->block);
   }
   for (size_t i = w.path.size() - m.shared_blocks; i < w.path.size(); ++i) {
     Node* n = w.path[i];

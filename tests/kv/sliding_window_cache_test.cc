@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "kv/block_pool.h"
+#include "kv/block_source.h"
 #include "kv/block_table.h"
 #include "kv/cache_namespace.h"
 #include "kv/prefix_index.h"
@@ -181,6 +182,41 @@ TEST(SlidingWindowIndex, AMatchStopsWhereItsWindowWouldReadAnEvictedBlock) {
   EXPECT_EQ(taken.cached_tokens, 8u);
   EXPECT_EQ(t.first_held(), 0u);
   EXPECT_EQ(t.held_blocks(), 2u);
+}
+
+// A source with no block to give: the copy of a partly matched block fails.
+class EmptySource : public BlockSource {
+ public:
+  std::optional<BlockId> take_block() override { return std::nullopt; }
+};
+
+// Without its copied block a match's window reaches one block further back; when that block is
+// evicted the match is cut there, and the source of the copy that failed is released all the
+// same (it once was released through the cut walk, which no longer held it: a null read).
+TEST(SlidingWindowIndex, AFailedCopyWhoseWindowMeetsAnEvictedBlockReleasesItsSource) {
+  WindowFixture f;
+  f.run(iota(40));  // blocks 0-9, all cached once it ends
+  BlockTable recent(f.pool, &f.index);
+  std::vector<int32_t> query = iota(39);
+  query.push_back(999);
+  f.now = 1500;
+  f.index.match(f.ns, query, 39, recent);  // uses blocks 8 and 9 and copies 3 tokens of 9
+  recent.clear();
+  f.now = 2000;
+  ASSERT_EQ(f.index.evict(8), 8u);  // blocks 0-7: the least recently used
+  f.index.check_invariants();
+  ASSERT_EQ(f.index.explain(f.ns, query, 39).cached_tokens, 39u);  // 36 shared, 3 copied
+
+  EmptySource empty;
+  BlockTable t(f.pool, &empty);
+  const PrefixMatch m = f.index.match(f.ns, query, 39, t);
+  // Without the copy, position 36's window reads block 7, evicted: nothing before it is usable.
+  EXPECT_EQ(m.cached_tokens, 0u);
+  EXPECT_EQ(m.miss.kind, MissKind::kEvicted);
+  EXPECT_EQ(t.held_blocks(), 0u);
+  t.clear();
+  f.index.check_invariants();
+  EXPECT_EQ(f.pool.counts().referenced, 0u);  // the copy's source was released
 }
 
 TEST(SlidingWindowIndex, APinKeepsTheBlocksTheWindowAtItsEndReads) {
