@@ -119,8 +119,10 @@ void KvCacheManager::measure_writes() {
 }
 
 uint64_t KvCacheManager::version() const {
-  // Every change of the tree inserts or evicts a block; 1 + so that 0 means "never looked".
-  uint64_t changes = 1;
+  // Every change of the tree inserts or evicts a block, and a lookup's count of the cached
+  // blocks it would reference changes as blocks go between cached and referenced (a holder of
+  // the prefix finishing or preempted); 1 + so that 0 means "never looked".
+  uint64_t changes = 1 + pool_->cached_transitions();
   for (const kv::PrefixIndex* index : indexes()) {
     const kv::PrefixIndexStats s = index->stats();
     changes += s.inserted_blocks + s.evicted_blocks;

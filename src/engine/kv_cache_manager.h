@@ -98,7 +98,7 @@ class KvCacheManager : public kv::BlockSource {
   ~KvCacheManager() override;
 
   // The cached prefix of s (all but its last token): one tree walk, remembered until the
-  // index changes.
+  // index changes or a block goes between cached and referenced.
   const kv::PrefixMatch& computed(Sequence& s);
   // Blocks s must take from the pool to hold `tokens` tokens, computed at most chunk tokens a
   // step (it matters under a sliding window), given its cached prefix.

@@ -54,6 +54,7 @@ void BlockPool::retain(BlockId id) {
     states_[i] = BlockState::kReferenced;
     --cached_;
     ++referenced_;
+    ++cached_transitions_;
   }
   ++refs_[i];
   check_accounting();
@@ -67,6 +68,7 @@ void BlockPool::release(BlockId id) {
   if (cacheable_[i]) {
     states_[i] = BlockState::kCached;
     ++cached_;
+    ++cached_transitions_;
   } else {
     states_[i] = BlockState::kFree;
     free_list_.push_back(id);

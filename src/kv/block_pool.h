@@ -61,6 +61,9 @@ class BlockPool : public BlockSource {
   const uint8_t* data(BlockId id) const { return arena_.data() + check(id) * block_bytes_; }
 
   PoolCounts counts() const;
+  // How many times a block has gone from cached to referenced or back: what a count of the
+  // cached blocks a lookup will reference depends on besides the index's own changes.
+  uint64_t cached_transitions() const { return cached_transitions_; }
 
  private:
   size_t check(BlockId id) const;
@@ -69,13 +72,14 @@ class BlockPool : public BlockSource {
 
   KvGeometry geometry_;
   size_t block_bytes_ = 0;  // geometry_.bytes_per_block(), read on every block access
-  HugePageMemory arena_;  // attention streams it like the weights
+  HugePageMemory arena_;    // attention streams it like the weights
   std::vector<BlockState> states_;
   std::vector<uint32_t> refs_;
   std::vector<uint8_t> cacheable_;
   std::vector<BlockId> free_list_;
   size_t referenced_ = 0;
   size_t cached_ = 0;
+  uint64_t cached_transitions_ = 0;
 };
 
 }  // namespace kvc::kv
