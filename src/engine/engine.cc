@@ -300,8 +300,11 @@ void Engine::finish(Sequence& s, FinishReason reason, const std::string& error) 
   if (s.done) return;
   s.done = true;
   const double now = now_ms();
-  if (s.stop && (reason == FinishReason::kLength || reason == FinishReason::kEos ||
-                 reason == FinishReason::kContext)) {
+  // Text held back because it might begin a stop string is shown at any end but that stop
+  // string's own (a stop token ends the request too, and it is not that text).
+  const bool shown_end = reason == FinishReason::kLength || reason == FinishReason::kEos ||
+                         reason == FinishReason::kContext || reason == FinishReason::kStop;
+  if (s.stop && !s.stop->stopped() && shown_end) {
     std::string tail = s.stop->flush();
     if (!tail.empty()) s.handle->push(TokenEvent{-1, std::move(tail), {}});
   }
