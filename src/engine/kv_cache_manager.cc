@@ -338,7 +338,7 @@ void KvCacheManager::load_from_tiers(Sequence& s) {
   // A table sharing the in-pool prefix, extended by blocks read from the tiers, then indexed:
   // the loaded blocks become ordinary cached blocks.
   kv::BlockTable table(*pool_, this);
-  index_->match(s.req.ns, s.tokens, first * bt, table);
+  index_->match(s.req.ns, s.tokens, first * bt, table, false);  // attach() counts the request
   if (table.blocks().size() != first) return;  // the prefix changed under us: skip the tiers
   const size_t bytes = pool_->geometry().bytes_per_block();
   size_t loaded = 0, from_disk = 0, from_redis = 0;

@@ -295,7 +295,7 @@ PrefixMatch PrefixIndex::explain(const Hash256& ns, std::span<const int32_t> tok
 }
 
 PrefixMatch PrefixIndex::match(const Hash256& ns, std::span<const int32_t> tokens, size_t limit,
-                               BlockTable& table) {
+                               BlockTable& table, bool counted) {
   if (!table.blocks().empty()) fail("prefix match needs an empty block table");
   Walk w = walk(ns, tokens, limit);
   fit_window(w);
@@ -333,7 +333,7 @@ PrefixMatch PrefixIndex::match(const Hash256& ns, std::span<const int32_t> token
       m.copied_tokens = w.partial_tokens;
       m.cached_tokens += w.partial_tokens;
       touch(source);
-      ++source->hits;  // a copy reuses it too
+      source->hits += counted;  // a copy reuses it too
       source->used_ms = clock_();
     } else {
       m.miss = {MissKind::kPartialBlock, m.cached_tokens, 0};
@@ -350,10 +350,10 @@ PrefixMatch PrefixIndex::match(const Hash256& ns, std::span<const int32_t> token
   for (size_t i = w.path.size() - m.shared_blocks; i < w.path.size(); ++i) {
     Node* n = w.path[i];
     touch(n);
-    ++n->hits;
+    n->hits += counted;
     n->used_ms = clock_();
   }
-  if (options_.enabled) {
+  if (options_.enabled && counted) {
     // The sequence's insert() drops the namespace again if it ends up caching nothing.
     Space& sp = space(ns);
     sp.queried_tokens += tokens.size();

@@ -157,8 +157,10 @@ class PrefixIndex : public BlockSource {
   // Finds the longest cached prefix of tokens[0, limit) in namespace ns and appends it to the
   // empty table: whole blocks shared, then the matching part of one more block copied into a
   // fresh block taken from the table's source. Says why it stopped when it stopped before limit.
+  // A request's lookup counts in the hit statistics and its blocks' hits; the cache's own
+  // (counted false: taking a prefix to extend it from a lower tier) counts in neither.
   PrefixMatch match(const Hash256& ns, std::span<const int32_t> tokens, size_t limit,
-                    BlockTable& table);
+                    BlockTable& table, bool counted = true);
   // What match() would return, without taking blocks, copying or touching recency.
   PrefixMatch explain(const Hash256& ns, std::span<const int32_t> tokens, size_t limit) const;
 

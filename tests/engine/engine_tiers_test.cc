@@ -80,6 +80,10 @@ TEST(EngineTiers, BlocksLoadedFromDiskGiveBitIdenticalLogits) {
   }
   EXPECT_EQ(again.tokens, cold.tokens);
   EXPECT_EQ(e.stats().tiers.disk_loaded_blocks, 6u);
+  // Each request's lookup counts once in the hit statistics (taking the in-pool prefix to
+  // extend it from the disk once counted the second request's prompt twice).
+  EXPECT_EQ(e.stats().cache.queried_tokens, 2 * prompt.size());
+  EXPECT_EQ(e.stats().cache.hit_tokens, 96u);
 }
 
 // lz4 and zstd, each with encryption: still bit-identical. Prints the compression ratio measured
