@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <exception>
 
 namespace kvc::kv {
 
@@ -100,7 +101,14 @@ void TierWriteQueue::run() {
       busy_ = true;
     }
     const double cpu_start = thread_cpu_ms();
-    const bool ok = write_(*w);
+    // A write that throws (a codec's library failing, memory running out) counts as failed:
+    // the block is only not stored, and the writer goes on with the next.
+    bool ok = false;
+    try {
+      ok = write_(*w);
+    } catch (const std::exception&) {
+      ok = false;
+    }
     const double cpu_ms = thread_cpu_ms() - cpu_start;
     {
       MutexLock lock(mu_);

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -54,6 +55,26 @@ TEST(TierWriteQueue, WritesInOrderAndMeasuresTheirProcessorTime) {
   errno = 0;
   const int caller_nice = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
   EXPECT_EQ(writer_nice.load(), std::min(19, caller_nice + 10));
+}
+
+// A write that throws (a codec library failing, memory running out) once ended the writer
+// thread and with it the process: it counts as failed and the writer goes on.
+TEST(TierWriteQueue, AWriteThatThrowsCountsAsFailedAndTheNextIsWritten) {
+  std::vector<uint8_t> written;
+  TierWriteQueue q(
+      [&](const TierWrite& w) {
+        if (w.hash[0] == 2) throw std::runtime_error("codec failed");
+        written.push_back(w.hash[0]);
+        return true;
+      },
+      1 << 20);
+  for (uint8_t i = 1; i <= 3; ++i) EXPECT_TRUE(q.offer(write_of(i, 64)));
+  q.drain();
+  const TierWriteStats s = q.stats();
+  EXPECT_EQ(written, (std::vector<uint8_t>{1, 3}));
+  EXPECT_EQ(s.written, 2u);
+  EXPECT_EQ(s.failed, 1u);
+  EXPECT_EQ(s.queued, 0u);
 }
 
 // Until its write has finished, a block is read from the queue, and only under its namespace.
