@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 
 #include "base/kernels.h"
 #include "engine/stop_matcher.h"
@@ -247,7 +248,12 @@ void Engine::loop() {
       MutexLock lock(intake_mu_);
       seen = wakes_;
     }
-    const bool progressed = step();
+    bool progressed = true;
+    try {
+      progressed = step();
+    } catch (const std::exception& e) {
+      fail_all(e.what());
+    }
     MutexLock lock(intake_mu_);
     const bool empty = incoming_.empty() && queued_ == 0 && scheduler_running() == 0;
     if (stop_ && (now_ms() >= drain_deadline_ms_ || empty)) break;
@@ -269,6 +275,16 @@ void Engine::loop() {
   intake();
   for (Sequence* s : scheduler_->all()) {
     finish(*s, FinishReason::kCancelled, "the server is shutting down");
+  }
+  scheduler_->take_finished();
+  publish_stats();
+}
+
+void Engine::fail_all(const std::string& what) {
+  MutexLock lock(state_mu_);
+  intake();
+  for (Sequence* s : scheduler_->all()) {
+    finish(*s, FinishReason::kError, "internal error (the engine step failed): " + what);
   }
   scheduler_->take_finished();
   publish_stats();

@@ -132,6 +132,9 @@ class Engine {
   void loop();
   // One step; false when it could make no progress (nothing to run, nothing changed).
   bool step();
+  // Ends every request with an error naming what made a step throw, so that one failed step
+  // (a bug, memory running out) costs the requests it held and not the process.
+  void fail_all(const std::string& what) EXCLUDES(state_mu_);
   // A validated, not yet queued sequence for request; throws RequestError as submit() does.
   std::unique_ptr<Sequence> make_sequence(Request request);
   void intake() REQUIRES(state_mu_) EXCLUDES(intake_mu_);

@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <future>
+#include <stdexcept>
 
 #include "engine/engine_fixture.h"
 #include "model/sampler.h"
@@ -345,6 +347,27 @@ TEST(Engine, AStopTokenKeepsTheTextHeldBackForAStopString) {
   EXPECT_EQ(stopped.stats.finish_reason, FinishReason::kStop);
   EXPECT_EQ(stopped.text, before);
   EXPECT_EQ(stopped.stats.stop_string, "");
+}
+
+// A step that throws (a bug, memory running out) once ended the step thread and the process:
+// it ends the requests it held with an error naming the cause, and the engine serves on.
+TEST(Engine, AStepThatThrowsFailsItsRequestsAndTheEngineGoesOn) {
+  Loaded m(testing::synthetic_model_path("tiny", DType::F32));
+  EngineOptions o;
+  o.threads = 1;
+  std::atomic<int> throws_left{1};
+  o.before_forward = [&] {
+    if (throws_left.fetch_sub(1) > 0) throw std::runtime_error("scratch allocation failed");
+  };
+  Engine engine(*m.model, *m.tokenizer, o);
+  const Outcome failed = collect(*engine.submit(greedy({1, 40, 41}, 4)));
+  EXPECT_EQ(failed.stats.finish_reason, FinishReason::kError);
+  EXPECT_NE(failed.error.find("scratch allocation failed"), std::string::npos) << failed.error;
+  const Outcome next = collect(*engine.submit(greedy({1, 40, 41}, 4)));
+  EXPECT_EQ(next.error, "");
+  EXPECT_EQ(next.stats.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(next.tokens.size(), 4u);
+  EXPECT_EQ(engine.stats().blocks.referenced, 0u);
 }
 
 TEST(Engine, ShutdownDrainsThenCancels) {
