@@ -131,10 +131,6 @@ uint64_t KvCacheManager::version() const {
 }
 
 const kv::PrefixMatch& KvCacheManager::computed(Sequence& s) {
-  if (!s.tiers_checked) {
-    s.tiers_checked = true;
-    load_from_tiers(s);
-  }
   const uint64_t v = version();
   if (s.lookup_version != v) {
     s.lookup = explain(s.req.ns, s.tokens);
@@ -155,6 +151,10 @@ size_t KvCacheManager::room_for(Sequence& s) {
 }
 
 kv::PrefixMatch KvCacheManager::attach(Sequence& s) {
+  // The lower tiers are read only for a sequence being admitted, just before it shares what
+  // they gave: looking a waiting one up costs no reads, and its loaded blocks cannot be evicted
+  // again before it runs.
+  load_from_tiers(s);
   s.table = std::make_unique<kv::BlockTable>(*pool_, this);
   kv::PrefixMatch m = index_->match(s.req.ns, s.tokens, s.tokens.size() - 1, *s.table);
   if (window_index_) {

@@ -131,7 +131,6 @@ void Scheduler::preempt(KvCacheManager& kv, Sequence& s, StepPlan& plan) {
   // Sealed blocks are already indexed and stay cached; it resumes from them when readmitted.
   kv.detach(s);
   s.preempted = true;
-  s.tiers_checked = false;  // its blocks may be on a lower tier by readmission
   s.reserve_all = s.stats.preemptions >= options_.max_preemptions;
   ++s.stats.preemptions;
   ++plan.preempted;

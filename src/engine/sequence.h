@@ -42,7 +42,6 @@ struct Sequence {
   // The KV cache manager's memo of the cached prefix, valid while the index version is unchanged.
   kv::PrefixMatch lookup;
   uint64_t lookup_version = 0;  // 0: no lookup yet
-  bool tiers_checked = false;   // the lower tiers were searched for this admission
 
   // Tokens of prompt and output at most (within the context).
   size_t longest(size_t context) const {

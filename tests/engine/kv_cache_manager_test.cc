@@ -9,6 +9,7 @@
 
 #include "engine/sequence.h"
 #include "kv/cache_namespace.h"
+#include "scratch_dir.h"
 
 namespace kvc::engine {
 namespace {
@@ -52,6 +53,45 @@ TEST(KvCacheManager, RoomForFollowsAHolderOfTheSharedPrefixLettingGo) {
   EXPECT_EQ(kv.computed(waiting).shared_unreferenced, 4u);
   // Sharing them takes them out of the evictable room: only the free blocks are left.
   EXPECT_EQ(kv.room_for(waiting), blocks - 4);
+}
+
+// Defect: looking a waiting sequence up read its blocks from the lower tiers into the pool, even
+// when it was not admitted then; evicted again before it ran, they were never read again (the
+// sequence counted its tiers as searched) and were recomputed. Only admitting reads them now.
+TEST(KvCacheManager, OnlyAdmissionReadsTheLowerTiers) {
+  const kv::KvGeometry g{1, 1, 4, kBlock, DType::F32, DType::F32, 0};
+  double now = 1000.0;
+  KvCacheOptions options;
+  options.tiers.disk_dir = (testing::scratch_dir() / "admission-reads").string();
+  options.tiers.disk_max_bytes = 1 << 20;
+  options.tiers.policy = TierPolicy::kKeepAll;
+  KvCacheManager kv(g, g.bytes_per_block() * 16, options, [&] { return now; });
+  const kv::Hash256 ns = kv::namespace_hash({{}, DType::F32, DType::F32, kBlock, "a", "", ""});
+
+  Sequence first;
+  first.req.ns = ns;
+  first.tokens = iota(4 * kBlock + 1);
+  kv.attach(first);
+  ASSERT_TRUE(kv.grow(first, 4 * kBlock));
+  first.written = 4 * kBlock;
+  kv.seal(first, true);
+  kv.detach(first);
+  kv.drain_tiers();
+  kv.flush();  // the pool forgets; the disk keeps four blocks
+  ASSERT_EQ(kv.counts().cached, 0u);
+
+  Sequence waiting;
+  waiting.req.ns = ns;
+  waiting.tokens = iota(4 * kBlock + 3);
+  EXPECT_EQ(kv.computed(waiting).cached_tokens, 0u);  // in the pool: nothing
+  kv.room_for(waiting);
+  EXPECT_EQ(kv.tier_counts().disk_loaded_blocks, 0u);
+  EXPECT_EQ(kv.counts().cached, 0u);
+
+  const kv::PrefixMatch m = kv.attach(waiting);
+  EXPECT_EQ(m.cached_tokens, 4u * kBlock);
+  EXPECT_EQ(kv.tier_counts().disk_loaded_blocks, 4u);
+  kv.detach(waiting);
 }
 
 }  // namespace
