@@ -177,9 +177,18 @@ bool KvCacheManager::grow(Sequence& s, size_t tokens) {
   const kv::KvGeometry& g = pool_->geometry();
   s.table->release_before(g.group(0).first_needed(s.written));
   if (s.window_table) s.window_table->release_before(g.group(1).first_needed(s.written));
-  return s.table->reserve(tokens) && s.table->ensure_writable(s.written) &&
-         (!s.window_table ||
-          (s.window_table->reserve(tokens) && s.window_table->ensure_writable(s.written)));
+  const size_t held = s.table->capacity_tokens();
+  const size_t window_held = s.window_table ? s.window_table->capacity_tokens() : 0;
+  const bool grown = s.table->reserve(tokens) && s.table->ensure_writable(s.written) &&
+                     (!s.window_table || (s.window_table->reserve(tokens) &&
+                                          s.window_table->ensure_writable(s.written)));
+  if (!grown) {
+    // Nothing taken stays taken: the blocks reserved before the step that failed go back, so
+    // that the victims chosen next are chosen for what s really holds.
+    s.table->truncate(std::max(held, s.written));
+    if (s.window_table) s.window_table->truncate(std::max(window_held, s.written));
+  }
+  return grown;
 }
 
 void KvCacheManager::seal(Sequence& s, bool final) {

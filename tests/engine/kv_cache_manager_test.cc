@@ -55,6 +55,32 @@ TEST(KvCacheManager, RoomForFollowsAHolderOfTheSharedPrefixLettingGo) {
   EXPECT_EQ(kv.room_for(waiting), blocks - 4);
 }
 
+// Defect: a grow that failed part of the way (the full layers' blocks taken, the windowed
+// layers' not) kept what it had taken, although its contract says nothing is allocated then;
+// the victims chosen next were chosen for blocks the sequence did not need.
+TEST(KvCacheManager, AGrowThatFailsTakesNothing) {
+  kv::KvGeometry g{1, 1, 4, kBlock, DType::F32, DType::F32, 0};
+  g.split_window = 2 * kBlock;  // a second group of layers, sliding over two blocks
+  double now = 1000.0;
+  KvCacheManager kv(g, g.bytes_per_block() * 10, KvCacheOptions{}, [&] { return now; });
+  const kv::Hash256 ns = kv::namespace_hash({{}, DType::F32, DType::F32, kBlock, "a", "", ""});
+  Sequence running;
+  running.req.ns = ns;
+  running.tokens = iota(3 * kBlock + 1);
+  kv.attach(running);
+  ASSERT_TRUE(kv.grow(running, 3 * kBlock));  // three full-layer blocks, three windowed
+  const size_t held = kv.counts().referenced;
+  Sequence other;
+  other.req.ns = ns;
+  other.tokens = iota(4 * kBlock + 1, 500);
+  kv.attach(other);
+  // Four full-layer blocks fit in what is left; the windowed layers' then do not.
+  EXPECT_FALSE(kv.grow(other, 4 * kBlock));
+  EXPECT_EQ(kv.counts().referenced, held);
+  kv.detach(other);
+  kv.detach(running);
+}
+
 // Defect: looking a waiting sequence up read its blocks from the lower tiers into the pool, even
 // when it was not admitted then; evicted again before it ran, they were never read again (the
 // sequence counted its tiers as searched) and were recomputed. Only admitting reads them now.
