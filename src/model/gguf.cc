@@ -5,9 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <new>
+#include <numeric>
 
 #include "base/error.h"
 
@@ -17,6 +20,9 @@ namespace {
 
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" little-endian
 constexpr uint64_t kMaxNameBytes = 1 << 16;
+// Capacity reserved from a count the file gives, before its items are read: vectors grow with
+// what is actually read beyond it.
+constexpr uint64_t kMaxReserve = 1 << 16;
 
 // Smallest encoded size of one value of type t, so that a count can be checked against the
 // bytes left before anything is allocated.
@@ -89,8 +95,20 @@ class Cursor {
   uint64_t pos_ = 0;
 };
 
+// Counts bytes of metadata memory once the cursor has read up to file_bytes; throws naming what
+// when the file would make the reader take more than MetadataMemory allows.
+void count_memory(MetadataMemory& memory, uint64_t bytes, uint64_t file_bytes,
+                  const std::string& what, const std::string& label, uint64_t at) {
+  if (!memory.add(bytes, file_bytes)) {
+    fail(
+        "{}: {}: the value at offset {} would take metadata to {} bytes of memory, over the {} "
+        "allowed for {} bytes of file (corrupt, or too large for kvcache)",
+        label, what, at, memory.total() + bytes, MetadataMemory::limit(file_bytes), file_bytes);
+  }
+}
+
 Value read_value(Cursor& in, ValueType type, const std::string& what, const std::string& label,
-                 int depth) {
+                 int depth, MetadataMemory& memory) {
   Value v;
   v.type = type;
   switch (type) {
@@ -131,9 +149,13 @@ Value read_value(Cursor& in, ValueType type, const std::string& what, const std:
       v.data = b == 1;
       break;
     }
-    case ValueType::kString:
-      v.data = in.read_string(what);
+    case ValueType::kString: {
+      const uint64_t at = in.offset();
+      std::string text = in.read_string(what);
+      count_memory(memory, text.size(), in.offset(), what, label, at);
+      v.data = std::move(text);
       break;
+    }
     case ValueType::kArray: {
       if (depth >= kMaxArrayDepth) {
         fail("{}: {}: arrays nested deeper than {} at offset {}", label, what, kMaxArrayDepth,
@@ -150,10 +172,13 @@ Value read_value(Cursor& in, ValueType type, const std::string& what, const std:
         fail("{}: {}: array at offset {} claims {} elements, more than the {} bytes left", label,
              what, at, count, in.remaining());
       }
+      // count <= remaining bytes, so neither product overflows.
+      count_memory(memory, count * sizeof(Value),
+                   in.offset() + count * min_encoded_size(v.element_type), what, label, at);
       Value::Array items;
-      items.reserve(count);
+      items.reserve(std::min(count, kMaxReserve));
       for (uint64_t i = 0; i < count; ++i) {
-        items.push_back(read_value(in, v.element_type, what, label, depth + 1));
+        items.push_back(read_value(in, v.element_type, what, label, depth + 1, memory));
       }
       v.data = std::move(items);
       break;
@@ -163,6 +188,19 @@ Value read_value(Cursor& in, ValueType type, const std::string& what, const std:
 }
 
 }  // namespace
+
+uint64_t MetadataMemory::limit(uint64_t file_bytes) {
+  const uint64_t most_bytes = (kMaxMetadataMemory - kMetadataMemorySlack) / kMetadataMemoryPerByte;
+  return file_bytes >= most_bytes ? kMaxMetadataMemory
+                                  : kMetadataMemorySlack + kMetadataMemoryPerByte * file_bytes;
+}
+
+bool MetadataMemory::add(uint64_t bytes, uint64_t file_bytes) {
+  const uint64_t allowed = limit(file_bytes);
+  if (total_ > allowed || bytes > allowed - total_) return false;
+  total_ += bytes;
+  return true;
+}
 
 std::string_view value_type_name(ValueType t) {
   static constexpr std::string_view names[] = {"u8",  "i8",  "u16",  "i16",    "u32",
@@ -292,7 +330,8 @@ void File::parse_all() {
     fail("{}: tensor count {} at offset 8 is larger than the file allows", label_, n_tensors);
   }
 
-  metadata_.reserve(n_kv);
+  metadata_.reserve(std::min(n_kv, kMaxReserve));
+  MetadataMemory memory;
   for (uint64_t i = 0; i < n_kv; ++i) {
     const uint64_t at = in.offset();
     std::string key = in.read_string("metadata key");
@@ -300,11 +339,17 @@ void File::parse_all() {
     const uint64_t type_at = in.offset();
     // Messages about the value name its key.
     const std::string what = fmt::format("key '{}'", key);
+    count_memory(memory, sizeof(Value) + key.size(), type_at, what, label_, at);
     const auto type = in.read<uint32_t>(what);
     if (!valid_type(type)) {
       fail("{}: key '{}': unknown value type {} at offset {}", label_, key, type, type_at);
     }
-    Value value = read_value(in, static_cast<ValueType>(type), what, label_, 0);
+    Value value;
+    try {
+      value = read_value(in, static_cast<ValueType>(type), what, label_, 0, memory);
+    } catch (const std::bad_alloc&) {
+      fail("{}: key '{}': out of memory reading its value at offset {}", label_, key, type_at);
+    }
     if (metadata_index_.count(key) != 0) {
       fail("{}: duplicate metadata key '{}' at offset {}", label_, key, at);
     }
@@ -321,7 +366,7 @@ void File::parse_all() {
     alignment_ = *align;
   }
 
-  tensors_.reserve(n_tensors);
+  tensors_.reserve(std::min(n_tensors, kMaxReserve));
   for (uint64_t i = 0; i < n_tensors; ++i) {
     const uint64_t at = in.offset();
     TensorInfo t;
@@ -376,6 +421,20 @@ void File::parse_all() {
            label_, t.name, begin, begin + t.bytes, bytes_.size());
     }
     t.data = bytes_.data() + begin;
+  }
+  // No byte of data belongs to two tensors (llama.cpp even wants them in order, back to back).
+  std::vector<size_t> by_offset(tensors_.size());
+  std::iota(by_offset.begin(), by_offset.end(), size_t{0});
+  std::sort(by_offset.begin(), by_offset.end(),
+            [&](size_t a, size_t b) { return tensors_[a].offset < tensors_[b].offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const TensorInfo& before = tensors_[by_offset[i - 1]];
+    const TensorInfo& t = tensors_[by_offset[i]];
+    if (t.offset < before.offset + before.bytes) {
+      fail("{}: tensor '{}' data [{}, {}) overlaps tensor '{}' data [{}, {}) (corrupt file)",
+           label_, t.name, data_offset_ + t.offset, data_offset_ + t.offset + t.bytes, before.name,
+           data_offset_ + before.offset, data_offset_ + before.offset + before.bytes);
+    }
   }
 }
 

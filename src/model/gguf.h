@@ -1,7 +1,9 @@
 // GGUF (v2 and v3) model files: metadata values, tensor infos and memory-mapped tensor data.
 //
 // Every read is bounds-checked: a corrupt, truncated or unsupported file raises kvc::Error
-// naming the byte offset, key or tensor at fault, never reads outside the mapping.
+// naming the byte offset, key or tensor at fault, never reads outside the mapping, and makes
+// the reader allocate only in proportion to the file's size (MetadataMemory). Tensors whose
+// data overlap are refused.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +28,15 @@ inline constexpr uint32_t kMaxDims = 4;                      // tensor dimension
 inline constexpr uint64_t kMaxDim = uint64_t{1} << 40;       // elements along one dimension
 inline constexpr uint64_t kMaxElements = uint64_t{1} << 48;  // elements of one tensor
 inline constexpr uint64_t kMaxAlignment = uint64_t{1} << 20;
+// Memory parsed metadata may take, counted as sizeof(Value) per metadata pair and per array
+// element plus the bytes of keys and strings: at most kMaxMetadataMemory in all, and at most
+// kMetadataMemorySlack plus kMetadataMemoryPerByte times the bytes of the file read so far (an
+// array's elements count when its count is read, against the least bytes they can take), so
+// that a file makes the reader allocate in proportion to its size (a one-byte element takes a
+// 48-byte Value).
+inline constexpr uint64_t kMaxMetadataMemory = uint64_t{1} << 30;
+inline constexpr uint64_t kMetadataMemorySlack = uint64_t{16} << 20;
+inline constexpr uint64_t kMetadataMemoryPerByte = 16;
 
 enum class ValueType : uint32_t {
   kU8 = 0,
@@ -68,6 +79,21 @@ struct Value {
 
   // Same type, element type and value (recursively for arrays).
   bool operator==(const Value&) const = default;
+};
+
+// Counts metadata memory as the limits above define it; the reader and the writer count alike,
+// so that whatever the writer writes reads back.
+class MetadataMemory {
+ public:
+  // The most memory metadata may take once file_bytes bytes of the file are read.
+  static uint64_t limit(uint64_t file_bytes);
+  // Adds bytes, counted when file_bytes bytes of the file are read; false (adding nothing) when
+  // the total would exceed limit(file_bytes).
+  bool add(uint64_t bytes, uint64_t file_bytes);
+  uint64_t total() const { return total_; }
+
+ private:
+  uint64_t total_ = 0;
 };
 
 struct TensorInfo {

@@ -115,8 +115,41 @@ void check_value(const std::string& key, const Value& v, int depth) {
   fail("gguf writer: key '{}': unknown value type {}", key, static_cast<uint32_t>(v.type));
 }
 
+// Smallest encoded size of one element of type t, as the reader counts it (gguf.cc).
+uint64_t min_encoded_size(ValueType t) {
+  switch (t) {
+    case ValueType::kU8:
+    case ValueType::kI8:
+    case ValueType::kBool:
+      return 1;
+    case ValueType::kU16:
+    case ValueType::kI16:
+      return 2;
+    case ValueType::kU32:
+    case ValueType::kI32:
+    case ValueType::kF32:
+      return 4;
+    case ValueType::kArray:
+      return 12;
+    default:
+      return 8;
+  }
+}
+
+// Counts metadata memory where the reader does, so that the writer refuses what it would.
+void count_memory(MetadataMemory& memory, const std::string& key, uint64_t bytes,
+                  uint64_t file_bytes) {
+  if (!memory.add(bytes, file_bytes)) {
+    fail(
+        "gguf writer: key '{}': metadata would take {} bytes of memory to read, over the {} "
+        "allowed for {} bytes of file",
+        key, memory.total() + bytes, MetadataMemory::limit(file_bytes), file_bytes);
+  }
+}
+
 // The value's payload (no type tag); v has passed check_value.
-void put_value(std::vector<uint8_t>& out, const Value& v) {
+void put_value(std::vector<uint8_t>& out, const Value& v, const std::string& key,
+               MetadataMemory& memory) {
   switch (v.type) {
     case ValueType::kU8:
       return put(out, static_cast<uint8_t>(std::get<uint64_t>(v.data)));
@@ -140,13 +173,18 @@ void put_value(std::vector<uint8_t>& out, const Value& v) {
       return put(out, std::get<double>(v.data));
     case ValueType::kBool:
       return put<uint8_t>(out, std::get<bool>(v.data) ? 1 : 0);
-    case ValueType::kString:
-      return put_string(out, std::get<std::string>(v.data));
+    case ValueType::kString: {
+      const std::string& text = std::get<std::string>(v.data);
+      put_string(out, text);
+      return count_memory(memory, key, text.size(), out.size());
+    }
     case ValueType::kArray: {
       const auto& items = std::get<Value::Array>(v.data);
       put(out, static_cast<uint32_t>(v.element_type));
       put<uint64_t>(out, items.size());
-      for (const Value& item : items) put_value(out, item);
+      count_memory(memory, key, items.size() * sizeof(Value),
+                   out.size() + items.size() * min_encoded_size(v.element_type));
+      for (const Value& item : items) put_value(out, item, key, memory);
       return;
     }
   }
@@ -341,10 +379,12 @@ std::vector<uint8_t> Writer::encode_header(const std::vector<uint64_t>& layout) 
   put(out, kVersion);
   put<uint64_t>(out, tensors_.size());
   put<uint64_t>(out, metadata_.size());
+  MetadataMemory memory;
   for (const auto& [key, value] : metadata_) {
     put_string(out, key);
+    count_memory(memory, key, sizeof(Value) + key.size(), out.size());
     put(out, static_cast<uint32_t>(value.type));
-    put_value(out, value);
+    put_value(out, value, key, memory);
   }
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const Tensor& t = tensors_[i];

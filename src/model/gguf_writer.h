@@ -1,8 +1,10 @@
 // Writes GGUF v3 files: metadata, tensor infos, alignment padding and tensor data.
 //
 // The writer validates everything it is given against the limits of gguf.h, so whatever it
-// writes, File::parse reads back unchanged. Tensor data is produced on demand by a callback and
-// streamed to disk one tensor at a time; at most the largest tensor is held in memory.
+// writes, File::parse reads back unchanged: file_size(), write() and to_bytes() throw Error
+// naming the key when metadata would take more memory to read than MetadataMemory allows. Tensor
+// data is produced on demand by a callback and streamed to disk one tensor at a time; at most the
+// largest tensor is held in memory.
 #pragma once
 
 #include <cstddef>

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "base/error.h"
 #include "model/gguf.h"
@@ -14,6 +15,24 @@ int positive_int(const gguf::File& f, const std::string& key, uint64_t value) {
     fail("{}: metadata key '{}' = {} is out of range", f.label(), key, value);
   }
   return static_cast<int>(value);
+}
+
+// Real models use heads of 64 to 256 dimensions (512 at most); beyond this, key_length is corrupt.
+constexpr uint64_t kMaxHeadDim = 4096;
+
+enum class Sign { kPositive, kNonNegative };
+
+// The float hyperparameter at key (fallback when absent), which must be finite once narrowed to
+// float and positive (or, for kNonNegative, at least 0).
+float float_param(const gguf::File& f, const std::string& key, double fallback, Sign sign) {
+  const double value = f.get_f64(key, fallback);
+  const auto narrowed = static_cast<float>(value);
+  const bool sign_ok = sign == Sign::kPositive ? narrowed > 0.0f : narrowed >= 0.0f;
+  if (!std::isfinite(narrowed) || !sign_ok) {
+    fail("{}: metadata key {} {} must be {} and finite (as a 32-bit float)", f.label(), key, value,
+         sign == Sign::kPositive ? "positive" : "non-negative");
+  }
+  return narrowed;
 }
 }  // namespace
 
@@ -31,6 +50,12 @@ LlamaConfig LlamaConfig::from_gguf(const gguf::File& f) {
   c.qk_norm = c.architecture == "qwen3";
   c.name = f.get_string("general.name", "");
   const std::string p = c.architecture + ".";
+  // Before any tensor is looked for: a mixture-of-experts file would otherwise fail on a
+  // missing dense FFN tensor.
+  if (const uint64_t experts = f.get_u64(p + "expert_count", 0); experts > 0) {
+    fail("{}: mixture-of-experts models ({} = {}) are not supported", f.label(), p + "expert_count",
+         experts);
+  }
   auto req = [&](const std::string& key) { return positive_int(f, p + key, f.get_u64(p + key)); };
   c.n_embd = req("embedding_length");
   c.n_ff = req("feed_forward_length");
@@ -46,12 +71,24 @@ LlamaConfig LlamaConfig::from_gguf(const gguf::File& f) {
   if (c.n_embd % c.n_heads != 0) {
     fail("{}: embedding length {} is not a multiple of {} heads", f.label(), c.n_embd, c.n_heads);
   }
-  c.head_dim = positive_int(f, p + "attention.key_length",
-                            f.get_u64(p + "attention.key_length", c.n_embd / c.n_heads));
-  const auto value_length = f.get_u64(p + "attention.value_length", c.head_dim);
-  if (static_cast<int>(value_length) != c.head_dim) {
+  const uint64_t key_length = f.get_u64(p + "attention.key_length", c.n_embd / c.n_heads);
+  if (key_length == 0 || key_length > kMaxHeadDim) {
+    fail("{}: metadata key '{}' = {} is out of range (1 to {})", f.label(),
+         p + "attention.key_length", key_length, kMaxHeadDim);
+  }
+  c.head_dim = static_cast<int>(key_length);
+  const uint64_t value_length = f.get_u64(p + "attention.value_length", key_length);
+  if (value_length != key_length) {
     fail("{}: key length {} differs from value length {}; kvcache needs them equal", f.label(),
-         c.head_dim, value_length);
+         key_length, value_length);
+  }
+  // Q, K and V rows together (phi3 fuses them into one matrix) must count in int.
+  const uint64_t qkv_rows = (uint64_t{static_cast<uint32_t>(c.n_heads)} +
+                             2 * uint64_t{static_cast<uint32_t>(c.n_kv_heads)}) *
+                            key_length;
+  if (qkv_rows > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
+    fail("{}: {} heads and {} KV heads of {} dimensions are too large ({} rows of Q, K and V)",
+         f.label(), c.n_heads, c.n_kv_heads, key_length, qkv_rows);
   }
   c.n_rot = positive_int(f, p + "rope.dimension_count",
                          f.get_u64(p + "rope.dimension_count", c.head_dim));
@@ -59,28 +96,20 @@ LlamaConfig LlamaConfig::from_gguf(const gguf::File& f) {
     fail("{}: rope.dimension_count {} must be even and at most the head dimension {}", f.label(),
          c.n_rot, c.head_dim);
   }
-  c.rms_eps = static_cast<float>(f.get_f64(p + "attention.layer_norm_rms_epsilon", 1e-5));
-  c.rope_theta = static_cast<float>(f.get_f64(p + "rope.freq_base", 10000.0));
-  if (!(c.rms_eps > 0.0f) || !(c.rope_theta > 0.0f)) {
-    fail("{}: rms epsilon {} and rope.freq_base {} must be positive", f.label(), c.rms_eps,
-         c.rope_theta);
-  }
+  c.rms_eps = float_param(f, p + "attention.layer_norm_rms_epsilon", 1e-5, Sign::kPositive);
+  c.rope_theta = float_param(f, p + "rope.freq_base", 10000.0, Sign::kPositive);
   c.rope_original_context =
       positive_int(f, p + "rope.scaling.original_context_length",
                    f.get_u64(p + "rope.scaling.original_context_length", c.context_length));
-  c.rope_attn_factor = static_cast<float>(f.get_f64(p + "rope.scaling.attn_factor", 1.0));
-  if (!(c.rope_attn_factor > 0.0f) || !std::isfinite(c.rope_attn_factor)) {
-    fail("{}: rope.scaling.attn_factor {} must be positive and finite", f.label(),
-         c.rope_attn_factor);
-  }
+  c.rope_attn_factor = float_param(f, p + "rope.scaling.attn_factor", 1.0, Sign::kPositive);
   if (const gguf::Value* scaling = f.find(p + "rope.scaling.type")) {
     const std::string* type = scaling->as_string();
     if (type != nullptr && *type == "linear") {
-      const double factor = f.get_f64(p + "rope.scaling.factor", 1.0);
-      if (!(factor >= 1.0) || factor > 1e6) {
-        fail("{}: rope.scaling.factor {} must be at least 1", f.label(), factor);
+      const float factor = float_param(f, p + "rope.scaling.factor", 1.0, Sign::kPositive);
+      if (!(factor >= 1.0f) || factor > 1e6f) {
+        fail("{}: rope.scaling.factor {} must be 1 to 1e6", f.label(), factor);
       }
-      c.rope_freq_scale = static_cast<float>(1.0 / factor);
+      c.rope_freq_scale = 1.0f / factor;
     } else if (type == nullptr || (*type != "none" && *type != "")) {
       fail(
           "{}: rope scaling '{}' is not supported (kvcache knows none, linear, and the "
@@ -101,12 +130,9 @@ LlamaConfig LlamaConfig::from_gguf(const gguf::File& f) {
     c.embedding_scale = std::sqrt(static_cast<float>(c.n_embd));
     c.ffn_gelu = true;
     c.post_norms = true;
-    c.attn_softcap = static_cast<float>(f.get_f64(p + "attn_logit_softcapping", 50.0));
-    c.final_softcap = static_cast<float>(f.get_f64(p + "final_logit_softcapping", 30.0));
-    if (!(c.attn_softcap >= 0.0f) || !(c.final_softcap >= 0.0f)) {
-      fail("{}: soft-capping values {} and {} must not be negative", f.label(), c.attn_softcap,
-           c.final_softcap);
-    }
+    // 0 turns a cap off.
+    c.attn_softcap = float_param(f, p + "attn_logit_softcapping", 50.0, Sign::kNonNegative);
+    c.final_softcap = float_param(f, p + "final_logit_softcapping", 30.0, Sign::kNonNegative);
     // As llama.cpp: queries are scaled by 1 / sqrt(head_dim), except in the 46-layer 27B
     // model, which uses 1 / sqrt(n_embd / n_heads) (its query_pre_attn_scalar).
     const int scalar = c.n_layers == 46 ? c.n_embd / c.n_heads : c.head_dim;

@@ -69,10 +69,14 @@ struct LlamaConfig {
   float final_softcap = 0.0f;
   float attention_scale = 0.0f;  // multiplies Q.K; 0 means 1 / sqrt(head_dim)
 
-  // Reads and validates {arch}.* keys; throws Error naming the key at fault. The vocabulary
-  // size comes from tokenizer.ggml.tokens.
+  // Reads and validates {arch}.* keys; throws Error naming the key at fault: a count out of
+  // range, a head dimension over 4096, a float hyperparameter that is not finite as a float (or
+  // not positive), a mixture-of-experts file ({arch}.expert_count > 0). The vocabulary size
+  // comes from tokenizer.ggml.tokens.
   static LlamaConfig from_gguf(const gguf::File& file);
 
+  // Both fit int, with room for Q, K and V together: from_gguf bounds
+  // (n_heads + 2 * n_kv_heads) * head_dim.
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
   // The KV storage shape of this model for given K and V dtypes and block size; throws Error

@@ -25,8 +25,14 @@ std::unique_ptr<LlamaModel> LlamaModel::from_file(std::shared_ptr<const gguf::Fi
   return m;
 }
 
-WeightView LlamaModel::matrix(const std::string& name, size_t in_dim, size_t out_dim) const {
+const gguf::TensorInfo& LlamaModel::bind(const std::string& name) {
   const gguf::TensorInfo& t = file_->tensor(name);
+  bound_[static_cast<size_t>(&t - file_->tensors().data())] = true;
+  return t;
+}
+
+WeightView LlamaModel::matrix(const std::string& name, size_t in_dim, size_t out_dim) {
+  const gguf::TensorInfo& t = bind(name);
   if (t.dims.size() != 2 || t.dims[0] != in_dim || t.dims[1] != out_dim) {
     std::string got;
     for (uint64_t d : t.dims) got += (got.empty() ? "" : ", ") + std::to_string(d);
@@ -40,8 +46,8 @@ WeightView LlamaModel::rows_of(const WeightView& w, size_t first, size_t count) 
   return WeightView{w.dtype, w.row(first), count, w.in_dim};
 }
 
-std::vector<float> LlamaModel::vector(const std::string& name, size_t n) const {
-  const gguf::TensorInfo& t = file_->tensor(name);
+std::vector<float> LlamaModel::vector(const std::string& name, size_t n) {
+  const gguf::TensorInfo& t = bind(name);
   if (t.dims.size() != 1 || t.dims[0] != n) {
     fail("{}: tensor '{}' should be a vector of {} elements", file_->label(), name, n);
   }
@@ -50,12 +56,49 @@ std::vector<float> LlamaModel::vector(const std::string& name, size_t n) const {
   return out;
 }
 
+namespace {
+
+// The layer count the file's tensors give: one more than the highest N of a blk.N.* tensor
+// (0 when there is none).
+uint64_t layers_in_tensors(const gguf::File& file) {
+  constexpr std::string_view kPrefix = "blk.";
+  uint64_t layers = 0;
+  for (const gguf::TensorInfo& t : file.tensors()) {
+    if (!t.name.starts_with(kPrefix)) continue;
+    uint64_t index = 0;
+    size_t i = kPrefix.size();
+    // Ten digits at most: a bigger index is no layer block_count can name.
+    for (; i < t.name.size() && i < kPrefix.size() + 10 && t.name[i] >= '0' && t.name[i] <= '9';
+         ++i) {
+      index = index * 10 + static_cast<uint64_t>(t.name[i] - '0');
+    }
+    if (i == kPrefix.size() || i == t.name.size() || t.name[i] != '.') continue;
+    layers = std::max(layers, index + 1);
+  }
+  return layers;
+}
+
+}  // namespace
+
 void LlamaModel::bind_weights() {
   const LlamaConfig& c = config_;
   const size_t d = c.n_embd;
-  token_embd_ = &file_->tensor("token_embd.weight");
+  // Checked before layers are sized by it: a corrupt count would otherwise allocate for millions
+  // of layers, or load a file with fewer while ignoring the rest.
+  const uint64_t layers = layers_in_tensors(*file_);
+  if (layers == 0) {
+    fail("{}: {}.block_count is {} but the file has no layer tensors (blk.N.*)", file_->label(),
+         c.architecture, c.n_layers);
+  }
+  if (layers != static_cast<uint64_t>(c.n_layers)) {
+    fail("{}: {}.block_count is {} but the file's tensors are of {} layers (blk.0 to blk.{})",
+         file_->label(), c.architecture, c.n_layers, layers, layers - 1);
+  }
+  bound_.assign(file_->tensors().size(), false);
+  token_embd_ = &bind("token_embd.weight");
   const WeightView embd = matrix("token_embd.weight", d, c.n_vocab);
   output_norm_ = vector("output_norm.weight", d);
+  // Without output.weight the classifier is tied to the embedding.
   output_ = file_->find_tensor("output.weight") ? matrix("output.weight", d, c.n_vocab) : embd;
   // Per-pair rope factors: Llama 3.1's rope_freqs, else LongRoPE's long factors when the
   // context kvcache runs with (the file's) exceeds the one the short factors were made for, as
@@ -64,6 +107,13 @@ void LlamaModel::bind_weights() {
       file_->find_tensor("rope_freqs.weight") != nullptr ? "rope_freqs.weight"
       : c.context_length > c.rope_original_context       ? "rope_factors_long.weight"
                                                          : "rope_factors_short.weight";
+  // Phi-3 files carry both LongRoPE sets; the one not chosen is deliberately left unread.
+  for (const char* pair : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
+    const gguf::TensorInfo* other = file_->find_tensor(pair);
+    if (other != nullptr && factors_name.starts_with("rope_factors_")) {
+      bound_[static_cast<size_t>(other - file_->tensors().data())] = true;
+    }
+  }
   if (file_->find_tensor(factors_name) != nullptr) {
     rope_freq_factors_ = vector(factors_name, c.n_rot / 2);
     for (float f : rope_freq_factors_) {
@@ -94,7 +144,7 @@ void LlamaModel::bind_weights() {
     }
     w.wo = matrix(p + "attn_output.weight", c.q_dim(), d);
     if (file_->find_tensor(p + "ffn_gate.weight") == nullptr && c.architecture == "phi3") {
-      const WeightView gate_up = matrix(p + "ffn_up.weight", d, 2 * c.n_ff);
+      const WeightView gate_up = matrix(p + "ffn_up.weight", d, 2 * static_cast<size_t>(c.n_ff));
       w.w_gate = rows_of(gate_up, 0, c.n_ff);
       w.w_up = rows_of(gate_up, c.n_ff, c.n_ff);
     } else {
@@ -121,6 +171,18 @@ void LlamaModel::bind_weights() {
       layer_matrix_elements_ += v->in_dim * v->out_dim;
     }
   }
+  // As llama.cpp ("wrong number of tensors"): a tensor nothing reads means the file is not the
+  // model its metadata describes (extra layers, biases or experts kvcache would silently skip).
+  const auto unused = std::find(bound_.begin(), bound_.end(), false);
+  if (unused != bound_.end()) {
+    fail(
+        "{}: tensor '{}' is not used by this {}-layer {} model ({} of the file's {} tensors are "
+        "unused): the file does not match its metadata",
+        file_->label(), file_->tensors()[static_cast<size_t>(unused - bound_.begin())].name,
+        c.n_layers, c.architecture, std::count(bound_.begin(), bound_.end(), false), bound_.size());
+  }
+  bound_.clear();
+  bound_.shrink_to_fit();
   bytes_read_per_token_ = matrices + output_.row_stride() * output_.out_dim;
   for (const auto& t : file_->tensors()) weight_bytes_ += t.bytes;
 }

@@ -53,7 +53,8 @@ struct LayerWeights {
 class LlamaModel {
  public:
   // Loads (or maps, as residency says) the GGUF file at path and binds every tensor in place;
-  // throws Error naming the tensor or key at fault.
+  // throws Error naming the tensor or key at fault, including a block_count the tensors do not
+  // have and a tensor the model does not use.
   static std::unique_ptr<LlamaModel> load(const std::string& path,
                                           gguf::Residency residency = gguf::Residency::kLoaded);
   // Binds an already parsed file (which must outlive the model).
@@ -82,11 +83,14 @@ class LlamaModel {
 
  private:
   LlamaModel() = default;
+  // Binds every tensor the config needs; throws Error naming a missing, misshapen or unused one.
   void bind_weights();
-  WeightView matrix(const std::string& name, size_t in_dim, size_t out_dim) const;
+  // The tensor called name, which must exist, marked as used.
+  const gguf::TensorInfo& bind(const std::string& name);
+  WeightView matrix(const std::string& name, size_t in_dim, size_t out_dim);
   // Rows [first, first + count) of w, in place.
   static WeightView rows_of(const WeightView& w, size_t first, size_t count);
-  std::vector<float> vector(const std::string& name, size_t n) const;
+  std::vector<float> vector(const std::string& name, size_t n);
   // own_keys: per row, where keys are grouped per channel, its own block's f16 keys of this
   // layer, [kv_head][slot][head_dim] (empty otherwise).
   // kv_layer: where layer's keys and values sit in the rows' tables' blocks (its index in its
@@ -97,6 +101,9 @@ class LlamaModel {
 
   std::shared_ptr<const gguf::File> file_;
   LlamaConfig config_;
+  // While binding: per tensor of the file, whether a weight uses it (or it is deliberately
+  // skipped).
+  std::vector<bool> bound_;
   const gguf::TensorInfo* token_embd_ = nullptr;
   std::vector<LayerWeights> layers_;
   std::vector<float> output_norm_;

@@ -159,9 +159,14 @@ Vocabulary Vocabulary::from_gguf(const gguf::File& file, std::string* warning) {
     }
     return static_cast<int32_t>(*id);
   };
-  v.bos_id = special_id("tokenizer.ggml.bos_token_id", -1);
-  v.eos_id = special_id("tokenizer.ggml.eos_token_id", -1);
-  v.unk_id = special_id("tokenizer.ggml.unknown_token_id", -1);
+  // Absent ids default as in llama.cpp: SentencePiece's <unk>, <s>, </s> at 0, 1, 2 (where the
+  // vocabulary has them), none for gpt2 (set above).
+  const auto spm_default = [&](int32_t id) {
+    return !bpe && static_cast<size_t>(id) < n ? id : int32_t{-1};
+  };
+  v.bos_id = special_id("tokenizer.ggml.bos_token_id", spm_default(v.bos_id));
+  v.eos_id = special_id("tokenizer.ggml.eos_token_id", spm_default(v.eos_id));
+  v.unk_id = special_id("tokenizer.ggml.unknown_token_id", spm_default(v.unk_id));
   v.pad_id = special_id("tokenizer.ggml.padding_token_id", -1);
   v.eot_id = special_id("tokenizer.ggml.eot_token_id", -1);
   v.eom_id = special_id("tokenizer.ggml.eom_token_id", -1);

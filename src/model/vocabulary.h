@@ -30,7 +30,8 @@ bool valid_token_type(TokenType t);
 enum class TokenizerModel { kSpm, kBpe };
 std::string_view tokenizer_model_name(TokenizerModel m);
 
-// An id of -1 means "none". The defaults are a SentencePiece (llama) vocabulary's.
+// An id of -1 means "none". The defaults are a SentencePiece (llama) vocabulary's: unk 0, bos 1,
+// eos 2.
 struct Vocabulary {
   TokenizerModel model = TokenizerModel::kSpm;
   std::string pre;  // BPE: tokenizer.ggml.pre ("" = default)
@@ -48,7 +49,8 @@ struct Vocabulary {
   bool add_eos = false;
   bool add_space_prefix = true;
 
-  // Reads tokenizer.ggml.* from file. SentencePiece defaults are as above; a gpt2 vocabulary
+  // Reads tokenizer.ggml.* from file. SentencePiece defaults are as above, as in llama.cpp (an
+  // absent id whose default is not below the token count is -1); a gpt2 vocabulary
   // defaults to no BOS/EOS/unknown ids, no space prefix, and BOS added only for pre-tokenizers
   // whose models expect it (Llama 3). Throws Error naming the file and the key at fault,
   // including an unsupported tokenizer.ggml.model. A missing tokenizer.ggml.pre for gpt2 means

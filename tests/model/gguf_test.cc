@@ -503,6 +503,65 @@ TEST(GgufBadFile, BadTensorInfos) {
       HasSubstr("duplicate tensor 'w'"));
 }
 
+// Each tensor lies inside the file, but two share bytes: refused, naming both. Disjoint data in
+// any order is fine.
+TEST(GgufBadFile, OverlappingTensorData) {
+  const auto two = [](uint64_t a_offset, uint64_t b_offset) {
+    return Bytes()
+        .header(2, 0)
+        .tensor("a", {16}, 0, a_offset)
+        .tensor("b", {16}, 0, b_offset)
+        .pad()
+        .zeros(128)
+        .b;
+  };
+  // Each is 64 bytes of f32.
+  EXPECT_THAT(parse_error(two(0, 32)),
+              AllOf(HasSubstr("tensor 'b'"), HasSubstr("overlaps tensor 'a'")));
+  EXPECT_THAT(parse_error(two(32, 0)),
+              AllOf(HasSubstr("tensor 'a'"), HasSubstr("overlaps tensor 'b'")));
+  EXPECT_THAT(parse_error(two(64, 64)),
+              AllOf(HasSubstr("'a'"), HasSubstr("'b'"), HasSubstr("overlaps")));
+  const auto bytes = two(64, 0);
+  const auto f = File::parse(bytes, "out-of-order.gguf");
+  EXPECT_EQ(f->tensor("b").data + 64, f->tensor("a").data);
+}
+
+// A one-byte array element takes a 48-byte Value: what a file can make the reader allocate is
+// bounded by its size (MetadataMemory), and the writer refuses what the reader would.
+TEST(GgufBadFile, MetadataMemoryIsBoundedByTheFileSize) {
+  EXPECT_EQ(MetadataMemory::limit(0), kMetadataMemorySlack);
+  EXPECT_EQ(MetadataMemory::limit(1 << 20), kMetadataMemorySlack + (uint64_t{16} << 20));
+  EXPECT_EQ(MetadataMemory::limit(uint64_t{1} << 40), kMaxMetadataMemory);
+  MetadataMemory memory;
+  EXPECT_TRUE(memory.add(kMetadataMemorySlack, 0));
+  EXPECT_FALSE(memory.add(1, 0));
+  EXPECT_TRUE(memory.add(16, 1));
+  EXPECT_FALSE(memory.add(~uint64_t{0}, ~uint64_t{0}));
+  EXPECT_EQ(memory.total(), kMetadataMemorySlack + 16);
+
+  const auto u8_array = [](uint64_t n) {
+    return Bytes().header(0, 1).key("big", VT::kArray).u32(0).u64(n).zeros(n).b;
+  };
+  // 8 MiB of u8 would be 384 MiB of Values (the reported case held 20 MB: 968 MB).
+  EXPECT_THAT(parse_error(u8_array(uint64_t{8} << 20)),
+              AllOf(HasSubstr("key 'big'"), HasSubstr("bytes of memory"), HasSubstr("offset 39")));
+  // Past the slack by a little (600,000 Values of 48 bytes against 16 MiB + 16 per byte).
+  EXPECT_THAT(parse_error(u8_array(600000)), HasSubstr("key 'big'"));
+  const auto fits = u8_array(500000);
+  EXPECT_EQ(File::parse(fits, "fits.gguf")->get_array("big").size(), 500000u);
+
+  const auto writer_of = [](size_t n) {
+    Writer w;
+    w.set("big", make_array(VT::kU8, Value::Array(n, make_uint(VT::kU8, 7))));
+    return w;
+  };
+  EXPECT_THAT(error_of([&] { writer_of(600000).to_bytes(); }),
+              AllOf(HasSubstr("key 'big'"), HasSubstr("bytes of memory")));
+  const auto written = writer_of(500000).to_bytes();
+  EXPECT_EQ(File::parse(written, "written.gguf")->get_array("big").size(), 500000u);
+}
+
 TEST(GgufBadFile, BadAlignment) {
   const auto with = [](Bytes value) {
     Bytes b;

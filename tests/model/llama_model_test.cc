@@ -830,6 +830,103 @@ TEST(LlamaModel, BrokenModelsNameWhatIsWrong) {
               ::testing::ThrowsMessage<Error>(HasSubstr("not a multiple")));
 }
 
+// The layer count must be the one the tensors have, and every tensor must be used (llama.cpp:
+// "wrong number of tensors"); hyperparameters must be finite and in range; experts are refused
+// before any tensor is looked for.
+TEST(LlamaModel, FilesThatAreNotTheirMetadataNameWhatIsWrong) {
+  const std::string tiny = testing::synthetic_model_path("tiny", DType::F32);
+  ASSERT_EQ(LlamaModel::load(tiny)->config().n_layers, 2);
+  const auto keep_all = [](gguf::Writer&, const gguf::TensorInfo&) { return true; };
+  const auto with = [&](const std::string& name, const std::string& key, gguf::Value value) {
+    return edited_copy(tiny, name, keep_all, [&](gguf::Writer& w) { w.set(key, value); });
+  };
+  const auto u32 = [](uint64_t v) { return gguf::make_uint(gguf::ValueType::kU32, v); };
+  const auto u64 = [](uint64_t v) { return gguf::make_uint(gguf::ValueType::kU64, v); };
+  const auto f64 = [](double v) { return gguf::make_float(gguf::ValueType::kF64, v); };
+  const auto error = [](const std::string& path) {
+    try {
+      LlamaModel::load(path);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(loaded)");
+  };
+
+  // Too few layers would ignore the rest; too many would size millions of layers first.
+  EXPECT_THAT(error(with("one-layer.gguf", "llama.block_count", u32(1))),
+              HasSubstr("llama.block_count is 1 but the file's tensors are of 2 layers (blk.0 to "
+                        "blk.1)"));
+  EXPECT_THAT(error(with("many-layers.gguf", "llama.block_count", u32(1 << 24))),
+              HasSubstr("llama.block_count is 16777216 but the file's tensors are of 2 layers"));
+  // A tensor no weight reads: an extra bias, or anything else.
+  const auto with_extra = [&](const std::string& name, const std::string& tensor) {
+    return edited_copy(tiny, name,
+                       [&, added = false](gguf::Writer& w, const gguf::TensorInfo&) mutable {
+                         if (!added)
+                           w.add_tensor(tensor, {64}, DType::F32, [](uint8_t*, size_t) {});
+                         added = true;
+                         return true;
+                       });
+  };
+  EXPECT_THAT(error(with_extra("bias.gguf", "blk.0.attn_output.bias")),
+              HasSubstr("tensor 'blk.0.attn_output.bias' is not used by this 2-layer llama model "
+                        "(1 of the file's"));
+  EXPECT_THAT(error(with_extra("router.gguf", "blk.1.ffn_gate_inp.weight")),
+              HasSubstr("tensor 'blk.1.ffn_gate_inp.weight' is not used"));
+  // Mixtral-style experts under the llama name.
+  EXPECT_THAT(error(with("moe.gguf", "llama.expert_count", u32(8))),
+              HasSubstr("mixture-of-experts models (llama.expert_count = 8) are not supported"));
+  EXPECT_EQ(error(with("no-experts.gguf", "llama.expert_count", u32(0))), "(loaded)");
+  // Head dimensions: bounded, and compared whole (not narrowed to int).
+  EXPECT_THAT(error(with("wide-heads.gguf", "llama.attention.key_length", u32(1 << 20))),
+              HasSubstr("'llama.attention.key_length' = 1048576 is out of range (1 to 4096)"));
+  EXPECT_THAT(error(with("value-length.gguf", "llama.attention.value_length",
+                         u64((uint64_t{1} << 32) + 16))),
+              HasSubstr("key length 16 differs from value length 4294967312"));
+  // Float hyperparameters must stay finite as 32-bit floats.
+  EXPECT_THAT(error(with("eps.gguf", "llama.attention.layer_norm_rms_epsilon", f64(1e300))),
+              HasSubstr("llama.attention.layer_norm_rms_epsilon 1e+300 must be positive and "
+                        "finite"));
+  EXPECT_THAT(error(with("eps-nan.gguf", "llama.attention.layer_norm_rms_epsilon", f64(NAN))),
+              HasSubstr("layer_norm_rms_epsilon nan must be positive"));
+  EXPECT_THAT(error(with("theta.gguf", "llama.rope.freq_base", f64(INFINITY))),
+              HasSubstr("llama.rope.freq_base inf must be positive and finite"));
+  EXPECT_THAT(error(with("attn-factor.gguf", "llama.rope.scaling.attn_factor", f64(1e40))),
+              HasSubstr("llama.rope.scaling.attn_factor 1e+40 must be positive and finite"));
+  const std::string linear = edited_copy(tiny, "linear.gguf", keep_all, [](gguf::Writer& w) {
+    w.set_string("llama.rope.scaling.type", "linear");
+    w.set("llama.rope.scaling.factor", gguf::make_float(gguf::ValueType::kF64, 1e300));
+  });
+  EXPECT_THAT(error(linear), HasSubstr("llama.rope.scaling.factor 1e+300 must be positive"));
+
+  SyntheticOptions o;
+  o.arch = "gemma2";
+  const std::string gemma2 = (testing::scratch_dir() / "gemma2-caps.gguf").string();
+  write_synthetic_model(o, gemma2);
+  const std::string uncapped =
+      edited_copy(gemma2, "gemma2-inf-cap.gguf", keep_all, [](gguf::Writer& w) {
+        w.set("gemma2.attn_logit_softcapping", gguf::make_float(gguf::ValueType::kF64, INFINITY));
+      });
+  EXPECT_THAT(error(uncapped),
+              HasSubstr("gemma2.attn_logit_softcapping inf must be non-negative and finite"));
+  const std::string negative =
+      edited_copy(gemma2, "gemma2-negative-cap.gguf", keep_all,
+                  [](gguf::Writer& w) { w.set_f32("gemma2.final_logit_softcapping", -1.0f); });
+  EXPECT_THAT(error(negative), HasSubstr("gemma2.final_logit_softcapping -1 must be non-negative"));
+}
+
+// The reported case on the real model: block_count 3 on stories260K's 5 layers used to load,
+// ignoring 18 of its 48 tensors.
+TEST(LlamaModel, Stories260KWithTooFewLayersIsRefused) {
+  KVC_REQUIRE_STORIES(path);
+  const std::string three = edited_copy(
+      path, "stories-3-layers.gguf", [](gguf::Writer&, const gguf::TensorInfo&) { return true; },
+      [](gguf::Writer& w) { w.set_u32("llama.block_count", 3); });
+  EXPECT_THAT([&] { LlamaModel::load(three); },
+              ::testing::ThrowsMessage<Error>(
+                  HasSubstr("llama.block_count is 3 but the file's tensors are of 5 layers")));
+}
+
 // The roofline's count: every matrix of the file's layers once per position (their dims as the
 // file gives them, fused or not), each query head's score and weighted value over the keys its
 // position sees (its layer's window), and one row of logits.

@@ -631,22 +631,45 @@ TEST(TokenizerGguf, ReadsAVocabulary) {
   EXPECT_EQ(tok.encode("a b", false), (Ids{5, 3, 0}));
 }
 
+// As llama.cpp: a SentencePiece vocabulary without special ids has <unk> 0, <s> 1 and </s> 2
+// (those its tokens reach); a gpt2 one has none.
 TEST(TokenizerGguf, OptionalKeysHaveDefaults) {
   GgufWriter w;
   w.string("tokenizer.ggml.model", "llama");
-  w.strings("tokenizer.ggml.tokens", {"<unk>", "a", sp(" a")});
-  w.u32("tokenizer.ggml.unknown_token_id", 0);
+  w.strings("tokenizer.ggml.tokens", {"<unk>", "<s>", "</s>", "a", sp(" a")});
   w.boolean("tokenizer.ggml.add_space_prefix", false);
   const auto file = w.file();
   const Tokenizer tok = Tokenizer::from_gguf(*file);
-  EXPECT_EQ(tok.bos_id(), -1);
-  EXPECT_EQ(tok.eos_id(), -1);
+  EXPECT_EQ(tok.vocabulary().unk_id, 0);
+  EXPECT_EQ(tok.bos_id(), 1);
+  EXPECT_EQ(tok.eos_id(), 2);
+  EXPECT_EQ(tok.vocabulary().pad_id, -1);
   EXPECT_TRUE(tok.add_bos());
   EXPECT_FALSE(tok.add_space_prefix());
-  EXPECT_EQ(tok.vocabulary().scores, (std::vector<float>{0, 0, 0}));
+  EXPECT_EQ(tok.vocabulary().scores, (std::vector<float>{0, 0, 0, 0, 0}));
   EXPECT_EQ(tok.type(0), TokenType::kUnknown);
-  EXPECT_EQ(tok.type(2), TokenType::kNormal);
-  EXPECT_EQ(tok.encode("a a", true), (Ids{1, 2}));
+  EXPECT_EQ(tok.type(1), TokenType::kControl);
+  EXPECT_EQ(tok.type(2), TokenType::kControl);
+  EXPECT_EQ(tok.type(4), TokenType::kNormal);
+  EXPECT_EQ(tok.encode("a a", true), (Ids{1, 3, 4}));
+
+  // A default past the last token is none.
+  GgufWriter two;
+  two.string("tokenizer.ggml.model", "llama");
+  two.strings("tokenizer.ggml.tokens", {"<unk>", "<s>"});
+  const Vocabulary short_vocab = Vocabulary::from_gguf(*two.file());
+  EXPECT_EQ(short_vocab.unk_id, 0);
+  EXPECT_EQ(short_vocab.bos_id, 1);
+  EXPECT_EQ(short_vocab.eos_id, -1);
+
+  GgufWriter bpe;
+  bpe.string("tokenizer.ggml.model", "gpt2");
+  bpe.strings("tokenizer.ggml.tokens", {"a", "b", "c", "ab"});
+  bpe.strings("tokenizer.ggml.merges", {"a b"});
+  const Vocabulary gpt2 = Vocabulary::from_gguf(*bpe.file());
+  EXPECT_EQ(gpt2.unk_id, -1);
+  EXPECT_EQ(gpt2.bos_id, -1);
+  EXPECT_EQ(gpt2.eos_id, -1);
 }
 
 TEST(TokenizerGguf, RejectsOtherTokenizerModels) {
@@ -707,6 +730,7 @@ TEST(TokenizerGguf, RejectsMissingAndMalformedKeys) {
     GgufWriter w;
     w.string("tokenizer.ggml.model", "llama");
     w.strings("tokenizer.ggml.tokens", {"a", "b"});
+    w.u32("tokenizer.ggml.unknown_token_id", 0xFFFFFFFF);  // none, rather than the default 0
     const auto file = w.file();
     const std::string msg = error_of([&] { Tokenizer::from_gguf(*file); });
     EXPECT_NE(msg.find("synthetic.gguf: "), std::string::npos) << msg;
