@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -14,6 +15,7 @@
 #include "base/utf8.h"
 #include "cli/cli_options.h"
 #include "cli/commands.h"
+#include "cli/engine_start.h"
 #include "cli/model_source.h"
 #include "cli/startup_log.h"
 #include "engine/completion.h"
@@ -113,7 +115,6 @@ void run(const RunArgs& a) {
   const std::string path = resolve_model(a.model);
   const auto model = model::LlamaModel::load(path, model_residency(a.mmap));
   const auto tokenizer = model::Tokenizer::from_gguf(model->file());
-  const auto& config = model->config();
 
   std::vector<PromptLine> prompts;
   if (!a.prompts_file.empty()) {
@@ -129,14 +130,8 @@ void run(const RunArgs& a) {
   }
 
   const KvDtypes kv_dtypes = resolve_kv_dtypes(a.kv_dtypes, DType::F16, true);
-  const kv::KvGeometry geometry =
-      config.kv_cache_geometry(kv_dtypes.k, kv_dtypes.v, a.block_tokens);
-  // By default the pool holds one full context (or window), all a single sequence can use.
-  const uint64_t kv_bytes = a.kv_memory.empty()
-                                ? geometry.blocks_for_sequence(
-                                      config.context_length, static_cast<size_t>(a.prefill_chunk)) *
-                                      geometry.bytes_per_block()
-                                : parse_byte_size(a.kv_memory);
+  // By default (0) the engine's: one full context (or window) within a bound.
+  const uint64_t kv_bytes = a.kv_memory.empty() ? 0 : parse_byte_size(a.kv_memory);
   const int threads = thread_count(a.threads);
   // One sequence at a time, through the same engine `serve` uses.
   engine::EngineOptions eo;
@@ -149,7 +144,9 @@ void run(const RunArgs& a) {
   eo.max_running = 1;
   eo.max_batch_tokens = a.prefill_chunk;
   eo.prefix_cache = !a.no_prefix_cache;
-  engine::Engine engine(*model, tokenizer, eo);
+  const std::unique_ptr<engine::Engine> engine_holder =
+      start_engine(*model, tokenizer, eo, a.kv_memory);
+  engine::Engine& engine = *engine_holder;
 
   log_model_and_pool(path, *model, engine);
   spdlog::info("{} threads, {} kernels", threads, kernels::isa_name(kernels::active_isa()));

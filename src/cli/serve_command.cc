@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "base/kernels.h"
 #include "cli/cli_options.h"
 #include "cli/commands.h"
+#include "cli/engine_start.h"
 #include "cli/model_source.h"
 #include "cli/startup_log.h"
 #include "engine/engine.h"
@@ -201,7 +203,9 @@ void serve(const ServeArgs& a) {
   eo.tenant_pinned_max_blocks = a.max_tenant_pinned_blocks;
   if (!a.kv_memory.empty()) eo.kv_memory_bytes = parse_byte_size(a.kv_memory, "--kv-memory");
   apply_tier_options(a.tiers, eo);
-  engine::Engine engine(*model, tokenizer, eo);
+  const std::unique_ptr<engine::Engine> engine_holder =
+      start_engine(*model, tokenizer, eo, a.kv_memory);
+  engine::Engine& engine = *engine_holder;
 
   log_model_and_pool(path, *model, engine);
   const int threads = thread_count(a.threads);

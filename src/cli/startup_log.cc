@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "base/byte_size.h"
+#include "engine/kv_pool_size.h"
 #include "kv/memory_plan.h"
 
 namespace kvc::cli {
@@ -21,6 +22,13 @@ void log_model_and_pool(const std::string& path, const model::LlamaModel& model,
   std::istringstream summary(
       kv::startup_summary(engine.geometry(), engine.arena_bytes(), config.context_length));
   for (std::string line; std::getline(summary, line);) spdlog::info("{}", line);
+  const auto context = static_cast<size_t>(config.context_length);
+  if (engine.geometry().blocks_for_sequence(context) > engine.num_blocks()) {
+    spdlog::info(
+        "KV cache: the pool holds less than one sequence of the model's {}.context_length of {} "
+        "tokens (a default pool takes at most {}); pass --kv-memory to set its size",
+        config.architecture, context, format_bytes(engine::kMaxDefaultKvPoolBytes));
+  }
 }
 
 }  // namespace kvc::cli

@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "base/kernels.h"
+#include "engine/kv_pool_size.h"
 #include "engine/stop_matcher.h"
 #include "kv/cache_namespace.h"
 #include "model/model_fingerprint.h"
@@ -37,13 +38,11 @@ Engine::Engine(const model::LlamaModel& model, const model::Tokenizer& tokenizer
   geometry_ = c.kv_cache_geometry(options_.kv_k_dtype, options_.kv_v_dtype, options_.block_tokens);
   options_.block_tokens = geometry_.block_tokens;
   const auto chunk = static_cast<size_t>(std::max(options_.max_batch_tokens, 1));
-  uint64_t bytes = options_.kv_memory_bytes;
-  if (bytes == 0) {
-    // Room for every running sequence at full context, within 2 GiB but never below one.
-    const uint64_t context =
-        geometry_.blocks_for_sequence(c.context_length, chunk) * geometry_.bytes_per_block();
-    bytes = std::max(context, std::min<uint64_t>(context * options_.max_running, 2ull << 30));
-  }
+  const uint64_t bytes =
+      options_.kv_memory_bytes != 0
+          ? options_.kv_memory_bytes
+          : default_kv_pool_bytes(geometry_, static_cast<size_t>(c.context_length), chunk,
+                                  options_.max_running);
   KvCacheOptions ko;
   ko.prefix_cache = options_.prefix_cache;
   ko.partial_reuse = options_.partial_reuse;

@@ -32,7 +32,7 @@
 namespace kvc::engine {
 
 struct EngineOptions {
-  uint64_t kv_memory_bytes = 0;   // 0: room for max_running full contexts (within 2 GiB)
+  uint64_t kv_memory_bytes = 0;   // 0: default_kv_pool_bytes (kv_pool_size.h)
   int block_tokens = 0;           // 0: kv::block_tokens_for the key dtype
   DType kv_k_dtype = DType::F16;  // keys' storage type in the KV pool
   DType kv_v_dtype = DType::F16;  // values' storage type

@@ -129,6 +129,49 @@ TEST(Cli, BadInputsGiveClearErrors) {
   EXPECT_THAT(r.err, HasSubstr("--kv-dtype-k: unknown KV dtype 'q9_0'"));
 }
 
+// Whether this build runs under a sanitizer, whose shadow memory a limit on address space
+// forbids.
+constexpr bool kSanitized =
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+    true;
+#else
+    false;
+#endif
+#else
+    false;
+#endif
+
+// A file may name a context of millions of tokens: without --kv-memory, `run` (and `serve`,
+// through the same engine default) caps its pool at 2 GiB and says so, rather than taking 4 GiB
+// here (or 256 GiB at 2^30 tokens); where even the capped pool cannot be allocated (1 GiB of
+// address space here), the error names the context length and the flag.
+TEST(Cli, RunCapsTheDefaultKvPoolOfAHugeContext) {
+  if (kSanitized) GTEST_SKIP() << "limits the address space, which the sanitizers need";
+  const auto dir = testing::scratch_dir();
+  const std::string model = (dir / "huge-context.gguf").string();
+  const Result made = kvcache("make-model --preset tiny --context 16777216 -o " + model);
+  ASSERT_EQ(made.status, 0) << made.err;
+  const std::string err = (dir / "huge-context.err").string();
+  const std::string cmd = "ulimit -v 1048576 && KVCACHE_CACHE_DIR=" + (dir / "cache").string() +
+                          " " KVCACHE_BINARY " run -m " + model + " -n 4 -t 1 >/dev/null 2>" + err;
+  const int raw = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(raw));
+  const std::string message = slurp(err);
+  EXPECT_EQ(WEXITSTATUS(raw), 1) << message;
+  EXPECT_THAT(message, HasSubstr("cannot allocate the default KV pool (sized by the model's "
+                                 "llama.context_length of 16777216 tokens, at most 2.0 GiB); pass "
+                                 "a smaller --kv-memory"));
+  // Where it can be allocated, the log says the pool holds less than the context.
+  const Result capped = kvcache("run -m " + model + " -n 2 -t 1 -p hi");
+  EXPECT_EQ(capped.status, 0) << capped.err;
+  EXPECT_THAT(capped.err, HasSubstr("2147483648 B (2.0 GiB), holds 8388608 tokens"));
+  EXPECT_THAT(capped.err, HasSubstr("the pool holds less than one sequence of the model's "
+                                    "llama.context_length of 16777216 tokens"));
+}
+
 TEST(Cli, InspectShowsShapesTokenizerAndKvBytes) {
   KVC_REQUIRE_STORIES(model);
   const Result r = kvcache("inspect " + model);
