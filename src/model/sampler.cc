@@ -96,9 +96,13 @@ std::vector<TokenProb> Sampler::candidates(std::span<const float> logits,
     }
     scored = adjusted;
   }
-  if (params_.temperature <= 0.0f) return {TokenProb{argmax(scored), 1.0f}};  // no list built
+  if (params_.temperature < kGreedyTemperature) return {TokenProb{argmax(scored), 1.0f}};
+  // A NaN would break the sort's ordering and every sum after it: it ranks below every number.
+  constexpr float kNever = -std::numeric_limits<float>::infinity();
   std::vector<TokenProb> c(scored.size());
-  for (size_t i = 0; i < scored.size(); ++i) c[i] = {static_cast<int32_t>(i), scored[i]};
+  for (size_t i = 0; i < scored.size(); ++i) {
+    c[i] = {static_cast<int32_t>(i), std::isnan(scored[i]) ? kNever : scored[i]};
+  }
   // Descending by logit, ties by id, so truncation is deterministic.
   const auto by_logit = [](const TokenProb& a, const TokenProb& b) {
     return a.p > b.p || (a.p == b.p && a.id < b.id);
@@ -111,16 +115,25 @@ std::vector<TokenProb> Sampler::candidates(std::span<const float> logits,
   } else {
     std::sort(c.begin(), c.end(), by_logit);
   }
-  // Softmax at temperature 1 for top-p and min-p, as llama.cpp's default chain does.
-  const auto softmax = [](std::vector<TokenProb>& v, float logit_scale) {
+  // Softmax of the sorted logits times logit_scale. When the largest logit is infinite (a
+  // model's, or a penalty's overflow), exp would give inf/inf: the candidates equal to it share
+  // the probability instead (all of them when every logit is -inf).
+  const auto softmax = [](const std::vector<TokenProb>& v, float logit_scale) {
     const float max = v.front().p;
+    std::vector<float> p(v.size(), 0.0f);
+    if (std::isinf(max)) {
+      size_t tied = 0;
+      while (tied < v.size() && v[tied].p == max) ++tied;
+      for (size_t i = 0; i < tied; ++i) p[i] = static_cast<float>(1.0 / static_cast<double>(tied));
+      return p;
+    }
     double sum = 0.0;
     std::vector<double> e(v.size());
     for (size_t i = 0; i < v.size(); ++i) sum += e[i] = std::exp((v[i].p - max) * logit_scale);
-    std::vector<float> p(v.size());
     for (size_t i = 0; i < v.size(); ++i) p[i] = static_cast<float>(e[i] / sum);
     return p;
   };
+  // At temperature 1 for top-p and min-p, as llama.cpp's default chain does.
   std::vector<float> p = softmax(c, 1.0f);
   if (params_.top_p < 1.0f) {
     double cum = 0.0;
@@ -138,8 +151,8 @@ std::vector<TokenProb> Sampler::candidates(std::span<const float> logits,
     while (n < c.size() && p[n] >= floor) ++n;
     c.resize(n);
   }
-  const float inv_temp = 1.0f / params_.temperature;
-  p = softmax(c, inv_temp);
+  // Finite: temperature is at least kGreedyTemperature here.
+  p = softmax(c, 1.0f / params_.temperature);
   for (size_t i = 0; i < c.size(); ++i) c[i].p = p[i];
   return c;
 }
@@ -150,11 +163,16 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   if (c.size() == 1) return c.front().id;
   const double u = rng_.uniform();
   double cum = 0.0;
+  // When rounding leaves the sum just below u, the last candidate that can be drawn at all,
+  // never one of probability 0.
+  int32_t last = c.front().id;
   for (const TokenProb& t : c) {
+    if (!(t.p > 0.0f)) continue;
+    last = t.id;
     cum += t.p;
     if (u < cum) return t.id;
   }
-  return c.back().id;
+  return last;
 }
 
 }  // namespace kvc::model

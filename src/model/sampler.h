@@ -8,8 +8,12 @@
 
 namespace kvc::model {
 
+// Below this temperature sampling is greedy, as in vLLM: 1/temperature would overflow a float
+// (and any temperature this low picks the most likely token anyway).
+constexpr float kGreedyTemperature = 1e-5f;
+
 struct SamplingParams {
-  float temperature = 0.8f;     // <= 0 means greedy
+  float temperature = 0.8f;     // below kGreedyTemperature (0 included) means greedy
   int top_k = 40;               // <= 0 disables
   float top_p = 0.95f;          // >= 1 disables
   float min_p = 0.05f;          // <= 0 disables
@@ -48,7 +52,9 @@ class Sampler {
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
 
   // The candidates after penalties and truncation, sorted by descending probability, with
-  // probabilities after temperature (what sample() draws from).
+  // probabilities after temperature (what sample() draws from). A NaN logit is never a
+  // candidate unless every logit is NaN; infinite logits (a model's, or a penalty's overflow)
+  // share all the probability equally; the probabilities are never NaN.
   std::vector<TokenProb> candidates(std::span<const float> logits,
                                     std::span<const int32_t> history) const;
 

@@ -23,6 +23,13 @@ void bad_field(const std::string& param, const std::string& message) {
   throw ApiError(400, "invalid_request_error", message, param);
 }
 
+ApiError method_not_allowed(const std::string& method, const std::string& path,
+                            const std::string& allow) {
+  return ApiError(405, "invalid_request_error",
+                  fmt::format("Method Not Allowed: {} {} (it takes {})", method, path, allow), "",
+                  "method_not_allowed");
+}
+
 ApiError error_for_status(int status, const std::string& method, const std::string& path,
                           size_t max_body_bytes) {
   switch (status) {

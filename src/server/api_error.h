@@ -31,6 +31,11 @@ class ApiError : public Error {
 // 400 invalid_request_error naming the field at fault.
 [[noreturn]] void bad_field(const std::string& param, const std::string& message);
 
+// 405 for a known path asked with a method it does not take; allow lists the ones it does
+// (the value of the response's Allow header).
+ApiError method_not_allowed(const std::string& method, const std::string& path,
+                            const std::string& allow);
+
 // The error body for a status that no handler produced (404 route, 413 body, 400 framing).
 ApiError error_for_status(int status, const std::string& method, const std::string& path,
                           size_t max_body_bytes);

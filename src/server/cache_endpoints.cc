@@ -97,6 +97,7 @@ nlohmann::json CacheEndpoints::pin(const Tenant& tenant, const nlohmann::json& b
   if (tokens.empty()) bad_field("prompt", "the prompt has no tokens");
   check_prompt_fits(tokens.size(), static_cast<size_t>(engine.model().config().context_length),
                     "prompt");
+  check_prompt_fits_pool(tokens.size(), engine, "prompt");
   const kv::Hash256 ns = tenants_.namespace_of(engine, target, salt);
   // Pinning keeps cached blocks; a prefix that is not cached yet is computed first, by a
   // one-token request.

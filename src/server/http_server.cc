@@ -107,21 +107,24 @@ HttpServer::HttpServer(ServerOptions options)
   svr_->set_payload_max_length(options_.max_body_bytes);
   // Tokens go out one small chunk at a time: Nagle's algorithm would hold them back.
   svr_->set_tcp_nodelay(true);
-  svr_->set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
-                                                                      httplib::Response& res) {
-    // A request that came too slowly: cpp-httplib saw only a failed read.
-    if (HttpTransport::request_timed_out() && res.status != 408) {
-      HttpTransport::close_after_response();
-      send_error(res, ApiError(408, "invalid_request_error", HttpTransport::timeout_description(),
-                               "", "request_timeout"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    // Statuses that no handler wrote a body for: unknown routes, oversized bodies, malformed
-    // HTTP. Handlers' own errors already carry their body.
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    send_error(res, error_for_status(res.status, req.method, req.path, options_.max_body_bytes));
-    return httplib::Server::HandlerResponse::Handled;
-  }));
+  svr_->set_error_handler(httplib::Server::HandlerWithResponse(
+      [this](const httplib::Request& req, httplib::Response& res) {
+        // A request that came too slowly: cpp-httplib saw only a failed read.
+        if (HttpTransport::request_timed_out() && res.status != 408) {
+          HttpTransport::close_after_response();
+          send_error(res, ApiError(408, "invalid_request_error",
+                                   HttpTransport::timeout_description(), "", "request_timeout"));
+          return httplib::Server::HandlerResponse::Handled;
+        }
+        // Statuses that no handler wrote a body for: unknown routes (or known ones asked with
+        // another method), oversized bodies, malformed HTTP. Handlers' own errors already carry
+        // their body.
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        send_error(res, res.status == 404 ? not_routed(req, res)
+                                          : error_for_status(res.status, req.method, req.path,
+                                                             options_.max_body_bytes));
+        return httplib::Server::HandlerResponse::Handled;
+      }));
   svr_->set_exception_handler(
       [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
         std::string what = "unknown error";
@@ -160,9 +163,17 @@ HttpServer::~HttpServer() {
   shutdown(0);
 }
 
+void HttpServer::get(const std::string& path,
+                     std::function<void(const httplib::Request&, httplib::Response&)> fn) {
+  // cpp-httplib answers HEAD through the GET handlers.
+  allowed_methods_[path] = "GET, HEAD";
+  svr_->Get(path, std::move(fn));
+}
+
 void HttpServer::post(
     const std::string& path,
     std::function<void(const httplib::Request&, httplib::Response&, const Body&)> fn) {
+  allowed_methods_[path] = "POST";
   svr_->Post(path, [this, fn = std::move(fn)](const httplib::Request& req, httplib::Response& res,
                                               const httplib::ContentReader& reader) {
     guarded(req, res, [&] {
@@ -175,9 +186,8 @@ void HttpServer::post(
 void HttpServer::routes() {
   using Req = httplib::Request;
   using Res = httplib::Response;
-  svr_->Get("/health",
-            [this](const Req& req, Res& res) { guarded(req, res, [&] { health(res); }); });
-  svr_->Get("/v1/models", [this](const Req& req, Res& res) {
+  get("/health", [this](const Req& req, Res& res) { guarded(req, res, [&] { health(res); }); });
+  get("/v1/models", [this](const Req& req, Res& res) {
     guarded(req, res, [&] {
       authenticate(req, false);
       models(res);
@@ -191,9 +201,9 @@ void HttpServer::routes() {
   post("/detokenize", [this](const Req& req, Res& res, const Body& b) { detokenize(req, res, b); });
   post("/apply-template",
        [this](const Req& req, Res& res, const Body& b) { apply_template(req, res, b); });
-  svr_->Get("/metrics",
-            [this](const Req& req, Res& res) { guarded(req, res, [&] { metrics(req, res); }); });
-  svr_->Get("/v1/cache", [this](const Req& req, Res& res) {
+  get("/metrics",
+      [this](const Req& req, Res& res) { guarded(req, res, [&] { metrics(req, res); }); });
+  get("/v1/cache", [this](const Req& req, Res& res) {
     guarded(req, res, [&] {
       const Tenant tenant = authenticate(req, false);
       backend();
@@ -216,10 +226,24 @@ void HttpServer::routes() {
     backend();
     send_json(res, 200, cache_->flush(b));
   });
-  // Any other POST: its body is read (so the connection stays in step) and it gets 404.
-  post(".*", [this](const Req& req, Res&, const Body&) {
-    throw error_for_status(404, req.method, req.path, options_.max_body_bytes);
+  // Any other POST: its body is read (so the connection stays in step) and it gets 404, or
+  // 405 on a GET path. Registered last, and not as a path of its own.
+  svr_->Post(".*", [this](const Req& req, Res& res, const httplib::ContentReader& reader) {
+    guarded(req, res, [&] {
+      read_body(req, res, reader, options_.max_body_bytes);
+      throw not_routed(req, res);
+    });
   });
+}
+
+ApiError HttpServer::not_routed(const httplib::Request& req, httplib::Response& res) const {
+  const auto it = allowed_methods_.find(req.path);
+  if (it == allowed_methods_.end()) {
+    return error_for_status(404, req.method, req.path, options_.max_body_bytes);
+  }
+  // As FastAPI (vLLM) answers: 405 with the methods the path takes.
+  res.set_header("Allow", it->second);
+  return method_not_allowed(req.method, req.path, it->second);
 }
 
 int HttpServer::start() {
@@ -388,9 +412,25 @@ void HttpServer::completions(const httplib::Request& req, httplib::Response& res
         [gen, flight](bool) { gen->cancel(); });
     return;
   }
+  // Nothing is written until the whole response is ready, so the connection is watched
+  // instead: a client that went away cancels its requests, as a stream's does.
+  constexpr auto kCheckEvery = std::chrono::milliseconds(100);
+  auto next_check = std::chrono::steady_clock::now();
   Generation::Event e;
   while (!gen->done()) {
-    if (gen->next(e, std::chrono::milliseconds(1000))) acc->add(e);
+    if (gen->next(e, kCheckEvery)) acc->add(e);
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_check) continue;
+    next_check = now + kCheckEvery;
+    if (HttpTransport::client_gone()) {
+      gen->cancel();
+      HttpTransport::close_after_response();
+      // nginx's status for a client that closed its request: no one reads it, /metrics counts it.
+      send_error(res, ApiError(499, "invalid_request_error",
+                               "the client closed the connection before the response was ready", "",
+                               "client_closed_request"));
+      return;
+    }
   }
   send_json(res, 200, acc->response());
 }

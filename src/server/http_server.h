@@ -19,6 +19,7 @@
 
 #include "base/mutex.h"
 #include "engine/engine.h"
+#include "server/api_error.h"
 #include "server/api_keys.h"
 #include "server/backend.h"
 #include "server/chat_template.h"
@@ -85,9 +86,15 @@ class HttpServer {
   using Body = std::string;
 
   void routes();
+  // A GET (and HEAD) route.
+  void get(const std::string& path,
+           std::function<void(const httplib::Request&, httplib::Response&)> fn);
   // A POST route whose handler gets the body, read whatever its content type.
   void post(const std::string& path,
             std::function<void(const httplib::Request&, httplib::Response&, const Body&)> fn);
+  // The error for a request no route took: 405 (with an Allow header set on res) when its path
+  // is a route's, 404 otherwise.
+  ApiError not_routed(const httplib::Request& req, httplib::Response& res) const;
   // Runs a handler, turning exceptions into OpenAI-shaped error responses.
   void guarded(const httplib::Request& req, httplib::Response& res,
                const std::function<void()>& handler);
@@ -108,6 +115,8 @@ class HttpServer {
 
   ServerOptions options_;
   std::unique_ptr<HttpTransport> svr_;
+  // Each route's path and the methods it takes ("GET, HEAD" or "POST"); written by routes().
+  std::map<std::string, std::string> allowed_methods_;
   std::thread thread_;
   int port_ = 0;
   const int64_t started_at_;  // Unix seconds, for /v1/models' "created"

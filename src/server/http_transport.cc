@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <string_view>
 
 #include "server/api_error.h"
 #include "server/openai_protocol.h"
@@ -29,8 +30,11 @@ struct HttpTransport::Connection {
   bool evicted = false;    // closed by the server to make room
   bool timed_out = false;  // the current request's headers or body came too slowly
   Phase timed_out_in = Phase::kHeaders;
-  bool close_after = false;  // close once the current response is written
-  size_t request_bytes = 0;  // bytes of the current request read so far
+  bool close_after = false;   // close once the current response is written
+  size_t request_bytes = 0;   // bytes of the current request read so far
+  Clock::time_point read_at;  // when the current request was read whole
+  // The client closed its sending side with its request (`nc -N`): it still reads answers.
+  bool half_closed = false;
 };
 
 namespace {
@@ -42,8 +46,14 @@ Clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
+// How long after its request was read a client's end of stream still counts as a half-close
+// that came with the request (`nc -N` sends its FIN right behind the request): such a client
+// waits for its answer, while one whose end of stream comes later has given up.
+constexpr auto kHalfCloseGrace = std::chrono::milliseconds(250);
+
 // Waits until fd is ready for events or deadline passes: >0 ready, 0 timed out, <0 error.
-int poll_until(socket_t fd, short events, Clock::time_point deadline) {
+// revents, when given, receives what poll reported.
+int poll_until(socket_t fd, short events, Clock::time_point deadline, short* revents = nullptr) {
   for (;;) {
     const auto left = deadline - Clock::now();
     const int ms = left <= Clock::duration::zero()
@@ -54,6 +64,7 @@ int poll_until(socket_t fd, short events, Clock::time_point deadline) {
     const int r = ::poll(&p, 1, ms);
     if (r < 0 && errno == EINTR) continue;
     if (r == 0 && Clock::now() < deadline) continue;
+    if (revents) *revents = r > 0 ? p.revents : 0;
     return r;
   }
 }
@@ -187,6 +198,7 @@ class DeadlineStream final : public httplib::Stream {
     deadline_ = deadline;
     tail_ = 0;
     c_.request_bytes = 0;
+    c_.read_at = Clock::now();
   }
   bool buffered() const { return off_ < len_; }
   // Waits for the first byte of the next request; false when none came before deadline.
@@ -197,16 +209,18 @@ class DeadlineStream final : public httplib::Stream {
   bool is_readable() const override {
     return buffered() || poll_until(c_.fd, POLLIN, deadline_) > 0;
   }
+  // Writable within the write timeout and not reset. The end of the client's stream is no
+  // reason to stop: a client that half-closed after its request (shutdown(SHUT_WR), as
+  // `nc -N` does) still reads the answer. One that closed altogether answers the next write
+  // with a reset, which fails the write after it; HttpTransport::client_gone() finds it sooner
+  // while an answer is being prepared.
   bool is_writable() const override {
-    if (poll_until(c_.fd, POLLOUT, Clock::now() + seconds(transport_.options_.write_timeout_s)) <=
-        0) {
+    short revents = 0;
+    if (poll_until(c_.fd, POLLOUT, Clock::now() + seconds(transport_.options_.write_timeout_s),
+                   &revents) <= 0) {
       return false;
     }
-    // Alive: nothing to read, or something (a pipelined request) rather than end of stream.
-    pollfd p{c_.fd, POLLIN, 0};
-    if (::poll(&p, 1, 0) <= 0) return true;
-    char byte;
-    return ::recv(c_.fd, &byte, 1, MSG_PEEK) > 0;
+    return (revents & (POLLERR | POLLHUP | POLLNVAL)) == 0;
   }
 
   ssize_t read(char* ptr, size_t size) override {
@@ -238,7 +252,12 @@ class DeadlineStream final : public httplib::Stream {
   }
 
   ssize_t write(const char* ptr, size_t size) override {
-    if (c_.phase != HttpTransport::Phase::kAnswering) {
+    // An interim response ("100 Continue" to Expect: 100-continue) comes before the body is
+    // read: the body's deadline, and eviction, still apply until it is.
+    constexpr std::string_view kInterim = "HTTP/1.1 1";
+    const bool interim = c_.phase != HttpTransport::Phase::kAnswering && size >= kInterim.size() &&
+                         std::string_view(ptr, kInterim.size()) == kInterim;
+    if (c_.phase != HttpTransport::Phase::kAnswering && !interim) {
       transport_.set_phase(c_, HttpTransport::Phase::kAnswering);
     }
     if (!is_writable()) return -1;
@@ -453,7 +472,25 @@ std::string HttpTransport::timeout_description() {
 }
 
 void HttpTransport::request_read() {
-  if (t_connection && t_transport) t_transport->set_phase(*t_connection, Phase::kAnswering);
+  if (!t_connection || !t_transport) return;
+  t_transport->set_phase(*t_connection, Phase::kAnswering);
+  t_connection->read_at = Clock::now();
+}
+
+bool HttpTransport::client_gone() {
+  Connection* c = t_connection;
+  if (!c) return false;
+  pollfd p{c->fd, POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  // Reset: gone, whatever it sent before.
+  if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) return true;
+  if (!(p.revents & POLLRDHUP) || c->half_closed) return false;
+  // The end of the client's stream: with the request, a half-close; later, the client left.
+  if (Clock::now() - c->read_at <= kHalfCloseGrace) {
+    c->half_closed = true;
+    return false;
+  }
+  return true;
 }
 
 void HttpTransport::close_after_response() {

@@ -79,6 +79,12 @@ class HttpTransport : public httplib::Server {
   static std::string timeout_description();
   // Marks the request as read (it is then answered, never evicted).
   static void request_read();
+  // Whether the client has gone while its answer is being prepared: its connection was reset,
+  // or it closed its sending side more than a moment (250 ms) after its request was read. A
+  // client that half-closes right behind its request (shutdown(SHUT_WR), as `nc -N` does) is
+  // still there: over TCP a half-close and a close look the same until a write, but such a
+  // client sends its FIN with the request, while one that gives up does so later.
+  static bool client_gone();
   // Closes the connection after this response (a body left unread, for example).
   static void close_after_response();
 

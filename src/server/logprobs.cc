@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "server/openai_protocol.h"
+
 namespace kvc::server {
 
 namespace {
@@ -12,6 +14,12 @@ namespace {
 // ones.
 std::string token_text(const model::Tokenizer& tokenizer, int32_t id) {
   return tokenizer.piece(id);
+}
+
+// The text as a response carries it: invalid UTF-8 replaced by U+FFFD the way dump_json
+// replaces it. Byte tokens of different bytes can carry the same text.
+std::string text_as_sent(const std::string& text) {
+  return nlohmann::json::parse(dump_json(nlohmann::json(text))).get<std::string>();
 }
 
 nlohmann::json bytes_of(const std::string& s) {
@@ -67,9 +75,10 @@ void CompletionLogprobs::add(const SampledLogprobs& lp, const model::Tokenizer& 
   token_logprobs_.push_back(lp.chosen.logprob);
   nlohmann::json top = nlohmann::json::object();
   for (const auto& t : lp.top) {
-    // Two tokens with the same text (a byte token and a piece) keep the likelier one, which
-    // comes first.
-    const std::string text = token_text(tokenizer, t.id);
+    // Tokens with the same text as sent (a byte token and a piece, or two byte tokens that
+    // are both U+FFFD on their own) keep the likelier one, which comes first: an object with
+    // a key twice is invalid for many parsers, and vLLM's dict keyed by text holds one too.
+    const std::string text = text_as_sent(token_text(tokenizer, t.id));
     if (!top.contains(text)) top[text] = t.logprob;
   }
   top_logprobs_.push_back(top);

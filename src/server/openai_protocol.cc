@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 
+#include "model/sampler.h"
 #include "server/api_error.h"
 #include "server/tenant.h"
 
@@ -72,16 +74,48 @@ std::vector<std::string> parse_stop(const nlohmann::json& stop) {
   return out;
 }
 
+// A positive sampling value as the sampler holds it, a 32-bit float. A value that rounds to 0
+// there, or to a subnormal float (whose reciprocal overflows), is refused here under the API's
+// name, rather than by the engine under its own or by turning logits into infinities.
+float positive_sampler_float(const std::string& field, double value, const char* range) {
+  const float x = static_cast<float>(value);
+  if (!(value > 0.0)) bad_field(field, fmt::format("{} must be {}, got {}", field, range, value));
+  if (!std::isnormal(x)) {
+    bad_field(field, fmt::format("{} must be {}, and at least {} (the smallest normal 32-bit "
+                                 "float, which the sampler uses), got {}",
+                                 field, range, std::numeric_limits<float>::min(), value));
+  }
+  return x;
+}
+
 }  // namespace
 
 nlohmann::json parse_json_object(const std::string& body) {
+  // The parser keeps its own stack, but copying, dumping and rendering a value recurse once per
+  // level: a body of a few hundred kilobytes nested 100,000 deep would overflow the
+  // connection thread's stack. No real request comes near the limit.
+  const nlohmann::json::parser_callback_t bound_depth =
+      [](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
+        const bool opens = event == nlohmann::json::parse_event_t::object_start ||
+                           event == nlohmann::json::parse_event_t::array_start;
+        if (opens && depth >= kMaxJsonDepth) {
+          throw ApiError(400, "invalid_request_error",
+                         fmt::format("the request body's JSON is nested deeper than {} levels",
+                                     kMaxJsonDepth));
+        }
+        return true;
+      };
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(body);
+    j = nlohmann::json::parse(body, bound_depth);
   } catch (const nlohmann::json::parse_error& e) {
     throw ApiError(
         400, "invalid_request_error",
         fmt::format("the request body is not valid JSON (byte {}): {}", e.byte, e.what()));
+  } catch (const nlohmann::json::exception& e) {
+    // A number beyond the range of a double (1e400) is out_of_range, not a parse error.
+    throw ApiError(400, "invalid_request_error",
+                   fmt::format("the request body is not valid JSON: {}", e.what()));
   }
   if (!j.is_object()) {
     throw ApiError(400, "invalid_request_error",
@@ -288,17 +322,19 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     r.stop_token_ids = parse_token_ids(*s, "stop_token_ids");
   }
   r.ignore_eos = f.boolean("ignore_eos").value_or(false);
-  r.temperature = static_cast<float>(f.number("temperature", 0.0, 2.0).value_or(1.0));
+  // As vLLM: below kGreedyTemperature sampling is greedy (the sampler's 1/temperature would
+  // overflow a float).
+  const double temperature = f.number("temperature", 0.0, 2.0).value_or(1.0);
+  r.temperature = temperature < model::kGreedyTemperature ? 0.0f : static_cast<float>(temperature);
   if (const auto p = f.number("top_p", 0.0, 1.0)) {
-    if (*p <= 0.0) bad_field("top_p", "top_p must be greater than 0 and at most 1");
-    r.top_p = static_cast<float>(*p);
+    r.top_p = positive_sampler_float("top_p", *p, "greater than 0 and at most 1");
   }
   // vLLM's extensions: -1 or 0 disables top-k.
   r.top_k = static_cast<int>(std::max<int64_t>(0, integer_or(f.integer("top_k", -1, 1 << 20), 0)));
   r.min_p = static_cast<float>(f.number("min_p", 0.0, 1.0).value_or(0.0));
   if (const auto p = f.number("repetition_penalty", 0.0, 10.0)) {
-    if (*p <= 0.0) bad_field("repetition_penalty", "repetition_penalty must be greater than 0");
-    r.repetition_penalty = static_cast<float>(*p);
+    r.repetition_penalty =
+        positive_sampler_float("repetition_penalty", *p, "greater than 0 and at most 10");
   }
   if (const auto s = f.integer("seed", INT64_MIN, INT64_MAX)) r.seed = static_cast<uint64_t>(*s);
   if (chat) {

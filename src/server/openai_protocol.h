@@ -13,7 +13,12 @@
 
 namespace kvc::server {
 
-// Parses a request body that must be a JSON object; throws ApiError 400 otherwise.
+// How deeply a request body's JSON may nest (the top-level object is level 1): far beyond any
+// real request, tool schemas included, and far below what recursion over a value can take.
+constexpr int kMaxJsonDepth = 128;
+
+// Parses a request body that must be a JSON object nested at most kMaxJsonDepth levels; throws
+// ApiError 400 otherwise (malformed JSON, a number beyond a double's range, too deep).
 nlohmann::json parse_json_object(const std::string& body);
 
 // Typed, range-checked access to the fields of a JSON object. A missing field and a JSON null

@@ -46,6 +46,21 @@ void check_prompt_fits(size_t prompt_tokens, size_t context, const std::string& 
   }
 }
 
+void check_prompt_fits_pool(size_t prompt_tokens, const engine::Engine& engine,
+                            const std::string& param) {
+  // The engine's own check covers the prompt and max_tokens together, and so names
+  // max_tokens; when the prompt alone is too large, lowering max_tokens would not help.
+  const size_t need = engine.geometry().blocks_for_sequence(prompt_tokens + 1);
+  if (need > engine.num_blocks()) {
+    throw ApiError(400, "invalid_request_error",
+                   fmt::format("the prompt has {} tokens and needs {} KV blocks with one generated "
+                               "token, but the pool has {} blocks in all; shorten the {} or raise "
+                               "--kv-memory",
+                               prompt_tokens, need, engine.num_blocks(), param),
+                   param, "context_length_exceeded");
+  }
+}
+
 std::vector<int32_t> prompt_tokens(const Backend& b, const nlohmann::json& body, bool add_special,
                                    const std::string& what) {
   const model::Tokenizer& tokenizer = b.tokenizer();
@@ -89,8 +104,11 @@ std::vector<engine::Request> map_completion(const CompletionRequest& r, const Ba
   } else {
     for (const auto& p : r.prompts) prompts.push_back(encode_prompt(p, tokenizer, true, "prompt"));
   }
-  for (const auto& p : prompts)
-    check_prompt_fits(p.size(), context, r.chat ? "messages" : "prompt");
+  const std::string prompt_param = r.chat ? "messages" : "prompt";
+  for (const auto& p : prompts) {
+    check_prompt_fits(p.size(), context, prompt_param);
+    check_prompt_fits_pool(p.size(), engine, prompt_param);
+  }
 
   // One call that could never fit the waiting queue is refused for good, not as overload: a
   // client that honours Retry-After would otherwise retry forever.

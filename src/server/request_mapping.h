@@ -32,6 +32,11 @@ std::vector<int32_t> encode_prompt(const PromptInput& p, const model::Tokenizer&
 // Throws 400 context_length_exceeded unless the prompt and one generated token fit.
 void check_prompt_fits(size_t prompt_tokens, size_t context, const std::string& param);
 
+// Throws 400 context_length_exceeded, naming param (the prompt or messages, not max_tokens),
+// unless the prompt and one generated token fit the engine's whole KV pool.
+void check_prompt_fits_pool(size_t prompt_tokens, const engine::Engine& engine,
+                            const std::string& param);
+
 // Tokens of a prompt-or-messages body (tokenize, explain, pin); what names the endpoint.
 std::vector<int32_t> prompt_tokens(const Backend& backend, const nlohmann::json& body,
                                    bool add_special, const std::string& what);

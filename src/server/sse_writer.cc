@@ -1,5 +1,6 @@
 #include "server/sse_writer.h"
 
+#include "server/http_transport.h"
 #include "server/openai_protocol.h"
 
 namespace kvc::server {
@@ -32,6 +33,12 @@ nlohmann::json SseWriter::chunk(nlohmann::json choice) const {
 
 bool SseWriter::step(httplib::DataSink& sink) {
   Generation& gen = acc_->generation();
+  // A client that left is found here before a write would find it (a write only fails once
+  // the client's reset to the write before it has come back).
+  if (HttpTransport::client_gone()) {
+    gen.cancel();
+    return false;
+  }
   std::string out;
   if (!started_) {
     started_ = true;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "base/error.h"
 
@@ -136,6 +137,56 @@ TEST(Sampler, RepetitionPenaltyPushesRecentTokensDown) {
   Sampler s(p);
   EXPECT_EQ(s.sample(logits, std::vector<int32_t>{0}), 1);        // 2.0 / 1.5 < 1.9
   EXPECT_EQ(s.sample(logits, std::vector<int32_t>{0, 5, 2}), 0);  // 0 fell out of the window
+}
+
+// A temperature so small that 1/temperature overflows a float used to turn every probability
+// into NaN, and the draw then fell through to the least likely candidate.
+TEST(Sampler, TemperaturesBelowTheGreedyThresholdPickTheMostLikelyToken) {
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 1.0f};
+  SamplingParams p;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  for (float t : {1e-45f, 1e-38f, 1e-6f, 2e-5f}) {
+    p.temperature = t;
+    for (uint64_t seed = 0; seed < 20; ++seed) {
+      p.seed = seed;
+      Sampler s(p);
+      EXPECT_EQ(s.sample(logits, {}), 1) << "temperature " << t << " seed " << seed;
+    }
+  }
+}
+
+// Infinite logits (a model's, or a repetition penalty below 1 whose division overflows) and NaN
+// logits leave probabilities that are numbers: the infinite ones share the draw, a NaN is never
+// drawn.
+TEST(Sampler, InfiniteAndNanLogitsNeverYieldNanProbabilities) {
+  const auto check = [](const SamplingParams& p, const std::vector<float>& logits,
+                        const std::vector<int32_t>& history, const std::vector<int32_t>& allowed) {
+    Sampler s(p);
+    double total = 0;
+    for (const TokenProb& t : s.candidates(logits, history)) {
+      EXPECT_FALSE(std::isnan(t.p)) << t.id;
+      total += t.p;
+    }
+    EXPECT_NEAR(total, 1.0, 1e-6);
+    std::set<int32_t> drawn;
+    for (int i = 0; i < 200; ++i) drawn.insert(s.sample(logits, history));
+    EXPECT_EQ(drawn, std::set<int32_t>(allowed.begin(), allowed.end()));
+  };
+  SamplingParams p;
+  p.top_k = 0;
+  p.top_p = 0.9f;
+  p.min_p = 0.0f;
+  p.temperature = 1.0f;
+  p.repeat_penalty = 1e-40f;  // 0.5 / 1e-40 and 1.0 / 1e-40 are +inf as floats
+  check(p, {0.5f, 2.0f, -1.0f, 1.0f}, {0, 3}, {0, 3});
+  p.repeat_penalty = 1.0f;
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  check(p, {1.0f, inf, 2.0f}, {}, {1});
+  p.top_p = 1.0f;
+  check(p, {nan, 1.0f, nan, 1.0f}, {}, {1, 3});
 }
 
 TEST(Sampler, RejectsOutOfRangeParameters) {

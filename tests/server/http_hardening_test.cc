@@ -175,7 +175,8 @@ TEST(HttpHardening, MalformedRequestsGet400NamingTheField) {
   EXPECT_EQ(r.body["error"]["param"], "stop_token_ids");
   // Unknown routes and methods answer in the same shape.
   expect_error(get(s, "/v2/everything"), 404, "not_found_error", "no route for GET /v2/everything");
-  expect_error(get(s, "/v1/completions"), 404, "not_found_error", "GET /v1/completions");
+  expect_error(get(s, "/v1/completions"), 405, "invalid_request_error",
+               "Method Not Allowed: GET /v1/completions");
 }
 
 TEST(HttpHardening, PromptLongerThanTheContextGets400WithBothLengths) {

@@ -149,6 +149,67 @@ TEST(OpenAiProtocol, BadFieldsAreRefusedNamingTheField) {
   EXPECT_THAT(r.message, HasSubstr("must be a JSON object, not array"));
 }
 
+// A nested value is copied, dumped and rendered by recursion: its depth is bounded at parse.
+TEST(OpenAiProtocol, JsonNestedBeyondTheLimitIsRefused) {
+  // The body's object is level 1, "messages" 2, the message 3, "x"'s arrays from 4 on.
+  const auto nested = [](int levels) {
+    const int arrays = levels - 3;
+    return R"({"messages": [{"role": "user", "content": "hi", "x": )" + std::string(arrays, '[') +
+           std::string(arrays, ']') + "}]}";
+  };
+  EXPECT_EQ(parse_completion_request(nested(kMaxJsonDepth), true).messages.size(), 1u);
+  Refusal r = refusal(nested(kMaxJsonDepth + 1), true);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_THAT(r.message, HasSubstr("nested deeper than 128 levels"));
+  r = refusal(nested(100000), true);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_THAT(r.message, HasSubstr("nested deeper than 128 levels"));
+  // Brackets inside strings are text, not nesting.
+  EXPECT_EQ(parse_json_object(R"({"prompt": ")" + std::string(1000, '[') + R"("})").size(), 1u);
+}
+
+// nlohmann reports a number beyond a double's range as out_of_range, not as a parse error.
+TEST(OpenAiProtocol, NumbersBeyondADoubleAreMalformedJson) {
+  for (const char* body :
+       {R"({"prompt": "x", "temperature": 1e400})", R"({"prompt": "x", "temperature": -1e400})"}) {
+    const Refusal r = refusal(body);
+    EXPECT_EQ(r.status, 400) << body;
+    EXPECT_THAT(r.message, HasSubstr("not valid JSON")) << body;
+    EXPECT_THAT(r.message, HasSubstr("1e400")) << body;
+  }
+}
+
+// Sampling values are checked as the sampler's 32-bit floats will hold them, under the API's
+// names, before the engine sees them; tiny temperatures are greedy, as in vLLM.
+TEST(OpenAiProtocol, SamplingValuesAreCheckedAsTheSamplerHoldsThem) {
+  const auto temperature = [](const std::string& t) {
+    return parse_completion_request(R"({"prompt": "x", "temperature": )" + t + "}", false)
+        .temperature;
+  };
+  EXPECT_EQ(temperature("1e-45"), 0.0f);
+  EXPECT_EQ(temperature("1e-300"), 0.0f);
+  EXPECT_EQ(temperature("0.000009"), 0.0f);
+  EXPECT_FLOAT_EQ(temperature("0.00001"), 1e-5f);
+  EXPECT_FLOAT_EQ(temperature("0.7"), 0.7f);
+  for (const auto& [field, value] :
+       std::vector<std::pair<std::string, std::string>>{{"top_p", "1e-300"},
+                                                        {"top_p", "1e-40"},
+                                                        {"repetition_penalty", "1e-300"},
+                                                        {"repetition_penalty", "1e-40"},
+                                                        {"repetition_penalty", "0"}}) {
+    const std::string body = R"({"prompt": "x", ")" + field + R"(": )" + value + "}";
+    const Refusal r = refusal(body);
+    EXPECT_EQ(r.status, 400) << body;
+    EXPECT_EQ(r.param, field) << body;
+    EXPECT_THAT(r.message, HasSubstr(field + " must be greater than 0")) << body;
+    EXPECT_THAT(r.message, ::testing::Not(HasSubstr("repeat_penalty"))) << body;
+  }
+  const CompletionRequest ok = parse_completion_request(
+      R"({"prompt": "x", "top_p": 1e-30, "repetition_penalty": 1e-30})", false);
+  EXPECT_FLOAT_EQ(ok.top_p, 1e-30f);
+  EXPECT_FLOAT_EQ(ok.repetition_penalty, 1e-30f);
+}
+
 TEST(OpenAiProtocol, ErrorShapeUsageAndFinishReasons) {
   const ApiError e(400, "invalid_request_error", "bad", "max_tokens");
   EXPECT_EQ(e.to_json(), json::parse(R"({"error": {"message": "bad", "type":
@@ -198,6 +259,38 @@ TEST(Logprobs, LogSoftmaxAndTopTokens) {
   EXPECT_NEAR(total, 1.0, 1e-6);
   EXPECT_TRUE(token_logprobs(logits, 0, 0).top.empty());
   EXPECT_EQ(token_logprobs(logits, 0, 10).top.size(), 4u);
+}
+
+// Two byte tokens that are each part of a UTF-8 character both go out as U+FFFD: the legacy
+// top_logprobs object keeps one key for them (the likelier token's), not the same key twice.
+TEST(Logprobs, CompletionTopLogprobsKeyEachTextOnceAsSent) {
+  const auto file = gguf::File::open(testing::tiny_model());
+  const model::Tokenizer tokenizer = model::Tokenizer::from_gguf(*file);
+  const auto byte_token = [&](int byte) {
+    for (int32_t id = 0; id < tokenizer.size(); ++id) {
+      if (tokenizer.piece(id) == std::string(1, static_cast<char>(byte))) return id;
+    }
+    return int32_t{-1};
+  };
+  const int32_t lead = byte_token(0xE2), continuation = byte_token(0x80);
+  ASSERT_GE(lead, 0);
+  ASSERT_GE(continuation, 0);
+  SampledLogprobs lp;
+  lp.chosen = {lead, -0.5f};
+  lp.top = {{lead, -0.5f}, {continuation, -1.5f}};
+  CompletionLogprobs out;
+  out.add(lp, tokenizer, 0);
+  const std::string text = dump_json(out.to_json());
+  const json parsed = json::parse(text);
+  const json& top = parsed["top_logprobs"][0];
+  ASSERT_EQ(top.size(), 1u) << text;
+  EXPECT_FLOAT_EQ(top.begin().value().get<float>(), -0.5f) << text;
+  // The text itself holds the key once: parsers disagree on which of two values they keep.
+  const std::string key = "\"" + top.begin().key() + "\":";
+  size_t keys = 0;
+  for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + 1)) ++keys;
+  EXPECT_EQ(keys, 1u) << text;
+  EXPECT_EQ(top.begin().key(), "\uFFFD");
 }
 
 TEST(PrometheusText, WritesFamiliesTheParserAccepts) {
