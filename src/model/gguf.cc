@@ -24,32 +24,6 @@ constexpr uint64_t kMaxNameBytes = 1 << 16;
 // what is actually read beyond it.
 constexpr uint64_t kMaxReserve = 1 << 16;
 
-// Smallest encoded size of one value of type t, so that a count can be checked against the
-// bytes left before anything is allocated.
-uint64_t min_encoded_size(ValueType t) {
-  switch (t) {
-    case ValueType::kU8:
-    case ValueType::kI8:
-    case ValueType::kBool:
-      return 1;
-    case ValueType::kU16:
-    case ValueType::kI16:
-      return 2;
-    case ValueType::kU32:
-    case ValueType::kI32:
-    case ValueType::kF32:
-      return 4;
-    case ValueType::kU64:
-    case ValueType::kI64:
-    case ValueType::kF64:
-    case ValueType::kString:
-      return 8;
-    case ValueType::kArray:
-      return 12;
-  }
-  return 1;
-}
-
 bool valid_type(uint32_t t) {
   return t <= static_cast<uint32_t>(ValueType::kF64);
 }
@@ -200,6 +174,30 @@ bool MetadataMemory::add(uint64_t bytes, uint64_t file_bytes) {
   if (total_ > allowed || bytes > allowed - total_) return false;
   total_ += bytes;
   return true;
+}
+
+uint64_t min_encoded_size(ValueType t) {
+  switch (t) {
+    case ValueType::kU8:
+    case ValueType::kI8:
+    case ValueType::kBool:
+      return 1;
+    case ValueType::kU16:
+    case ValueType::kI16:
+      return 2;
+    case ValueType::kU32:
+    case ValueType::kI32:
+    case ValueType::kF32:
+      return 4;
+    case ValueType::kU64:
+    case ValueType::kI64:
+    case ValueType::kF64:
+    case ValueType::kString:
+      return 8;
+    case ValueType::kArray:
+      return 12;
+  }
+  return 1;
 }
 
 std::string_view value_type_name(ValueType t) {

@@ -81,6 +81,10 @@ struct Value {
   bool operator==(const Value&) const = default;
 };
 
+// Smallest encoded size of one value of type t: a count the file gives is checked against the
+// bytes left with it before anything is allocated.
+uint64_t min_encoded_size(ValueType t);
+
 // Counts metadata memory as the limits above define it; the reader and the writer count alike,
 // so that whatever the writer writes reads back.
 class MetadataMemory {

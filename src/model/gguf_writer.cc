@@ -115,27 +115,6 @@ void check_value(const std::string& key, const Value& v, int depth) {
   fail("gguf writer: key '{}': unknown value type {}", key, static_cast<uint32_t>(v.type));
 }
 
-// Smallest encoded size of one element of type t, as the reader counts it (gguf.cc).
-uint64_t min_encoded_size(ValueType t) {
-  switch (t) {
-    case ValueType::kU8:
-    case ValueType::kI8:
-    case ValueType::kBool:
-      return 1;
-    case ValueType::kU16:
-    case ValueType::kI16:
-      return 2;
-    case ValueType::kU32:
-    case ValueType::kI32:
-    case ValueType::kF32:
-      return 4;
-    case ValueType::kArray:
-      return 12;
-    default:
-      return 8;
-  }
-}
-
 // Counts metadata memory where the reader does, so that the writer refuses what it would.
 void count_memory(MetadataMemory& memory, const std::string& key, uint64_t bytes,
                   uint64_t file_bytes) {

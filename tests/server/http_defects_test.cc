@@ -15,6 +15,7 @@
 #include <future>
 #include <thread>
 
+#include "raw_connection.h"
 #include "server/chat_template.h"
 #include "server/http_server.h"
 #include "server_fixture.h"
@@ -27,6 +28,7 @@ using ::testing::HasSubstr;
 using testing::ids;
 using testing::json;
 using testing::post;
+using testing::RawConnection;
 using testing::stream;
 using testing::TestServer;
 using testing::tiny_model;
@@ -35,59 +37,6 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
-
-// A raw TCP connection to the server from a chosen loopback address.
-class RawConnection {
- public:
-  RawConnection(int port, const char* from = "127.0.0.1") {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in local{};
-    local.sin_family = AF_INET;
-    ::inet_pton(AF_INET, from, &local.sin_addr);
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0) return;
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  }
-  ~RawConnection() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  RawConnection(const RawConnection&) = delete;
-  RawConnection& operator=(const RawConnection&) = delete;
-
-  bool connected() const { return connected_; }
-  bool send(const std::string& data) {
-    return ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
-  }
-  // Reads until the peer closes, until `until` appears in what was read, or timeout.
-  std::string read(std::chrono::milliseconds timeout, const std::string& until = "") {
-    std::string out;
-    const auto deadline = Clock::now() + timeout;
-    while (Clock::now() < deadline) {
-      if (!until.empty() && out.find(until) != std::string::npos) break;
-      pollfd p{fd_, POLLIN, 0};
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(1, left.count()))) <= 0) continue;
-      char buf[4096];
-      const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
-      if (n <= 0) {
-        closed_ = true;
-        break;
-      }
-      out.append(buf, static_cast<size_t>(n));
-    }
-    return out;
-  }
-  bool closed() const { return closed_; }
-
- private:
-  int fd_ = -1;
-  bool connected_ = false;
-  bool closed_ = false;
-};
 
 size_t count_of(const std::string& text, const std::string& what) {
   size_t n = 0;

@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "raw_connection.h"
 #include "server/http_server.h"
 #include "server_fixture.h"
 
@@ -25,6 +26,7 @@ using ::testing::HasSubstr;
 using testing::ids;
 using testing::json;
 using testing::post;
+using testing::RawConnection;
 using testing::TestServer;
 using testing::tiny_model;
 using Clock = std::chrono::steady_clock;
@@ -32,60 +34,6 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
-
-// A raw TCP connection to the server on 127.0.0.1, for what an HTTP client library does not
-// do: half-closing, closing mid-request, sending a body slowly.
-class RawClient {
- public:
-  explicit RawClient(int port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  }
-  ~RawClient() { close(); }
-  RawClient(const RawClient&) = delete;
-  RawClient& operator=(const RawClient&) = delete;
-
-  bool connected() const { return connected_; }
-  bool send(const std::string& data) {
-    return ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
-  }
-  // Closes the sending side only, as `nc -N` does after its input: the answer is still read.
-  void shutdown_write() { ::shutdown(fd_, SHUT_WR); }
-  void close() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  // Reads until the peer closes, until `until` appears in what was read, or timeout.
-  std::string read(std::chrono::milliseconds timeout, const std::string& until = "") {
-    std::string out;
-    const auto deadline = Clock::now() + timeout;
-    while (Clock::now() < deadline) {
-      if (!until.empty() && out.find(until) != std::string::npos) break;
-      pollfd p{fd_, POLLIN, 0};
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(1, left.count()))) <= 0) continue;
-      char buf[4096];
-      const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
-      if (n <= 0) {
-        closed_ = true;
-        break;
-      }
-      out.append(buf, static_cast<size_t>(n));
-    }
-    return out;
-  }
-  bool closed() const { return closed_; }
-
- private:
-  int fd_ = -1;
-  bool connected_ = false;
-  bool closed_ = false;
-};
 
 std::string post_request(const std::string& path, const std::string& body,
                          const std::string& extra_headers = "") {
@@ -198,7 +146,7 @@ TEST(HttpReview, ClientThatClosesDuringANonStreamingRequestCancelsIt) {
   TestServer s(tiny_model(), eo);
   const int n = 2, max_tokens = 400;
   {
-    RawClient c(s.port);
+    RawConnection c(s.port);
     ASSERT_TRUE(c.connected());
     c.send(post_request(
         "/v1/completions",
@@ -226,7 +174,7 @@ TEST(HttpReview, ClientThatClosesDuringANonStreamingRequestCancelsIt) {
 TEST(HttpReview, HalfClosedClientsGetTheirAnswers) {
   TestServer s(tiny_model());
   const auto half_closed = [&](const std::string& request) {
-    RawClient c(s.port);
+    RawConnection c(s.port);
     EXPECT_TRUE(c.connected());
     c.send(request);
     c.shutdown_write();
@@ -259,7 +207,7 @@ TEST(HttpReview, ExpectContinueKeepsTheBodyDeadline) {
   so.transport.body_timeout_s = 0.4;
   TestServer s(tiny_model(), TestServer::default_engine(), so);
   const std::string body = json{{"prompt", "hello there"}}.dump();
-  RawClient slow(s.port);
+  RawConnection slow(s.port);
   ASSERT_TRUE(slow.connected());
   const auto start = Clock::now();
   // The headers alone: the body follows the interim answer.
