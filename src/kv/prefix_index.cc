@@ -422,7 +422,12 @@ void PrefixIndex::insert_blocks(const Hash256& ns, std::span<const int32_t> toke
       node = it->second.get();
       // A hollow node takes the block the sequence recomputed.
       if (node->block < 0 && i >= table.first_held() &&
-          node_of_block_[table.blocks()[i]] == nullptr && make_room(sp, node)) {
+          node_of_block_[table.blocks()[i]] == nullptr) {
+        if (!make_room(sp, node)) {
+          // Making room may have taken the children that kept it in the tree.
+          prune_hollow(node);
+          return;
+        }
         refill(node, table.blocks()[i]);
         if (!node->partial) added.push_back({node->hash, node->block, begin});
       }
@@ -438,6 +443,7 @@ void PrefixIndex::insert_blocks(const Hash256& ns, std::span<const int32_t> toke
     if (node_of_block_[b] != nullptr) return;  // the block is indexed under other tokens
     if (!make_room(sp, node)) {
       remember(chain_hash(ns, node->hash, key), MissKind::kQuota);
+      prune_hollow(node);
       return;
     }
     node = add_child(sp, *node, std::vector<int32_t>(key.begin(), key.end()), b);
@@ -450,7 +456,7 @@ bool PrefixIndex::make_room(Space& sp, const Node* keep) {
   while (sp.quota != 0 && sp.blocks >= sp.quota) {
     Node* victim = oldest_evictable(&sp, false, keep);
     if (victim == nullptr) return false;
-    remove_block(victim, MissKind::kQuota);
+    remove_block(victim, MissKind::kQuota, keep);
   }
   return true;
 }
@@ -483,7 +489,7 @@ PrefixIndex::Node* PrefixIndex::oldest_evictable(const Space* only, bool ignore_
   return nullptr;
 }
 
-void PrefixIndex::remove_block(Node* n, MissKind why) {
+void PrefixIndex::remove_block(Node* n, MissKind why, const Node* keep) {
   remember(n->hash, why, n->tag);
   lru_remove(n);
   pool_.free_cached(n->block);
@@ -492,9 +498,13 @@ void PrefixIndex::remove_block(Node* n, MissKind why) {
   --n->space->blocks;
   --stats_.nodes;
   ++stats_.evicted_blocks;
+  prune_hollow(n, keep);
+}
+
+void PrefixIndex::prune_hollow(Node* n, const Node* keep) {
   // A hollow node without children leads nowhere: it leaves the tree, and so does each hollow
   // ancestor it alone kept.
-  while (n->parent != nullptr && n->block < 0 && n->children.empty()) {
+  while (n != keep && n->parent != nullptr && n->block < 0 && n->children.empty()) {
     Node* parent = n->parent;
     parent->children.erase(parent->children.find(n->tokens));  // destroys n
     n = parent;

@@ -239,16 +239,20 @@ class PrefixIndex : public BlockSource {
   const Space* find_space(const Hash256& ns) const;
   Node* add_child(Space& sp, Node& parent, std::vector<int32_t> key, BlockId block);
   // Evicts the namespace's oldest leaves until it is under its quota, never `keep` (the node
-  // an insert is about to extend); false when it cannot get there.
+  // an insert is about to extend or refill), which stays in the tree even when hollow and left
+  // without children (the caller prunes it if it then gives up); false when it cannot get there.
   bool make_room(Space& sp, const Node* keep);
   bool evictable(const Node& n, bool ignore_pins) const;
   Node* oldest_evictable(const Space* only, bool ignore_pins, const Node* keep = nullptr) const;
   BlockFacts facts_of(const Node& n, double now) const;
   // The eviction victim: the oldest evictable block, or the least valuable of a sample.
   Node* victim(bool ignore_pins) const;
-  // Frees n's block: a leaf leaves the tree (with the hollow nodes it alone kept), an inner
-  // node (only under a window) stays as a hollow one.
-  void remove_block(Node* n, MissKind why);
+  // Frees n's block: a leaf leaves the tree (with the hollow nodes it alone kept, up to but not
+  // including keep), an inner node (only under a window) stays as a hollow one.
+  void remove_block(Node* n, MissKind why, const Node* keep = nullptr);
+  // Takes n out of the tree if it is hollow and has no children, and so each hollow ancestor it
+  // alone kept, stopping at keep.
+  void prune_hollow(Node* n, const Node* keep = nullptr);
   // Gives the hollow node n the block b again (a sequence recomputed it).
   void refill(Node* n, BlockId b);
   // Cuts a walk back to the longest prefix whose window's blocks are all present, saying why in

@@ -219,6 +219,21 @@ TEST(SlidingWindowIndex, AFailedCopyWhoseWindowMeetsAnEvictedBlockReleasesItsSou
   EXPECT_EQ(f.pool.counts().referenced, 0u);  // the copy's source was released
 }
 
+// Under a quota, refilling a hollow node made room by evicting its namespace's oldest block; when
+// that was the node's only descendant, the eviction took the hollow node out of the tree with it,
+// and the refill wrote to freed memory. The node being refilled now stays.
+TEST(SlidingWindowIndex, AQuotaNeverPrunesTheHollowNodeAnInsertRefills) {
+  WindowFixture f;
+  f.run(iota(12));                       // blocks 0-2, all cached once it ends
+  ASSERT_EQ(f.index.evict(2), 2u);       // blocks 0 and 1: hollow, block 2 a cached leaf below them
+  f.index.set_quota(f.ns, 1);            // full: a refill must evict block 2 first
+  const PrefixMatch m = f.run(iota(9));  // recomputes blocks 0 and 1
+  EXPECT_EQ(m.cached_tokens, 0u);
+  f.index.check_invariants();
+  EXPECT_LE(f.index.namespace_stats(f.ns).blocks, 1u);
+  EXPECT_EQ(f.index.explain(f.ns, iota(5), 4).cached_tokens, 4u);  // block 0, refilled
+}
+
 TEST(SlidingWindowIndex, APinKeepsTheBlocksTheWindowAtItsEndReads) {
   WindowFixture f;
   f.run(iota(40));
