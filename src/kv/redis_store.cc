@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "kv/host_resolver.h"
 
 namespace kvc::kv {
 namespace {
@@ -128,10 +129,18 @@ class RedisStore::Connection {
       return false;
     }
     ++stats_.connects;
-    ctx_ = redisConnectWithTimeout(o_.address.host.c_str(), o_.address.port,
-                                   to_timeval(o_.timeout_ms));
-    if (ctx_ == nullptr || ctx_->err != 0 ||
-        redisSetTimeout(ctx_, to_timeval(o_.timeout_ms)) != REDIS_OK) {
+    // The name lookup and the connect share one timeout; each address found is tried in turn.
+    const double start = now_ms();
+    const HostResolution found = resolve_host(o_.address.host, o_.timeout_ms, o_.dns_servers);
+    for (const std::string& address : found.addresses) {
+      const double left = o_.timeout_ms - (now_ms() - start);
+      if (left <= 0) break;
+      ctx_ = redisConnectWithTimeout(address.c_str(), o_.address.port, to_timeval(left));
+      if (ctx_ != nullptr && ctx_->err == 0) break;
+      if (ctx_ != nullptr) redisFree(ctx_);
+      ctx_ = nullptr;
+    }
+    if (ctx_ == nullptr || redisSetTimeout(ctx_, to_timeval(o_.timeout_ms)) != REDIS_OK) {
       fail_locked();
       return false;
     }

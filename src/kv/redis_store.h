@@ -7,7 +7,8 @@
 // expire after ttl_seconds (SET ... EX); under Redis `maxmemory` eviction a block may vanish at
 // any time, which reads see as a miss.
 //
-// Redis down, slow or restarted: every command has a timeout; after a failure the connection
+// Redis down, slow or restarted: every command has a timeout, and so has connecting, the
+// host name's lookup included (kv/host_resolver.h); after a failure the connection
 // is dropped and not retried before a backoff (doubling up to a maximum), during which
 // operations fail at once and are counted. The caller then recomputes: nothing here waits
 // longer than one timeout.
@@ -42,7 +43,8 @@ RedisAddress parse_redis_url(std::string_view url);
 
 struct RedisStoreOptions {
   RedisAddress address;
-  double timeout_ms = 100;  // connect and per-command timeout
+  double timeout_ms = 100;  // name lookup and connect together, and each command
+  std::string dns_servers;  // "IP[:PORT],..." asked for the host's name; empty: the system's
   double ttl_seconds = 24 * 3600.0;
   double backoff_initial_ms = 250;
   double backoff_max_ms = 10000;

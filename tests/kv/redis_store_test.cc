@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "kv/tier_fixtures.h"
 #include "redis_server.h"
+#include "silent_dns_server.h"
 
 namespace kvc::kv {
 namespace {
@@ -146,6 +147,39 @@ TEST(RedisStore, ARedisThatIsDownFailsFastAndBacksOff) {
   EXPECT_EQ(st.errors, 2u);     // one failed connect per connection
   EXPECT_EQ(st.skipped, 100u);  // then nothing is tried until the backoff passes
   EXPECT_FALSE(st.up);
+}
+
+TEST(RedisStore, ReachesRedisByHostName) {
+  testing::RedisServer redis;
+  REQUIRE_REDIS(redis);
+  RedisStoreOptions o = options_for(redis);
+  o.address.host = "localhost";  // the hosts file's; ::1 first is refused, then 127.0.0.1
+  o.timeout_ms = 1000;
+  RedisStore store(TierCodec(identity()), o);
+  ASSERT_TRUE(store.put(ns_of(1), hash_of(1), 4, payload(1)));
+  std::vector<uint8_t> out(payload(1).size());
+  ASSERT_TRUE(store.get(ns_of(1), hash_of(1), out));
+  EXPECT_EQ(out, payload(1));
+}
+
+TEST(RedisStore, ADnsServerThatNeverAnswersHoldsCallersOneTimeout) {
+  testing::SilentDnsServer dns;
+  ASSERT_TRUE(dns.bound());
+  RedisStoreOptions o;
+  o.address.host = "redis.kvcache-test.example";
+  o.dns_servers = dns.servers();
+  o.timeout_ms = 100;
+  o.backoff_initial_ms = 10000;
+  RedisStore store(TierCodec(identity()), o);
+  std::vector<uint8_t> out(payload(0).size());
+  const auto t0 = Clock::now();
+  EXPECT_FALSE(store.get(ns_of(1), hash_of(1), out));
+  for (int i = 0; i < 50; ++i) EXPECT_FALSE(store.get(ns_of(1), hash_of(1), out));
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  EXPECT_LT(ms, 600) << "a name lookup with no answer must not hold the step loop";
+  const RedisStoreStats st = store.stats();
+  EXPECT_EQ(st.errors, 1u);
+  EXPECT_EQ(st.skipped, 50u);
 }
 
 TEST(RedisStore, RecoversAfterRedisIsKilledAndRestarted) {

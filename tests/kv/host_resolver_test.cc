@@ -1,0 +1,59 @@
+#include "kv/host_resolver.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+
+#include "silent_dns_server.h"
+
+namespace kvc::kv {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::Contains;
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+TEST(HostResolver, NumericAddressesAreReturnedWithNoLookup) {
+  testing::SilentDnsServer dns;  // were any lookup made, it would wait out the timeout
+  ASSERT_TRUE(dns.bound());
+  const auto t0 = Clock::now();
+  EXPECT_EQ(resolve_host("127.0.0.1", 1000, dns.servers()).addresses,
+            std::vector<std::string>{"127.0.0.1"});
+  EXPECT_EQ(resolve_host("::1", 1000, dns.servers()).addresses, std::vector<std::string>{"::1"});
+  EXPECT_LT(ms_since(t0), 500);
+}
+
+TEST(HostResolver, NamesInTheHostsFileResolveWithoutAServer) {
+  testing::SilentDnsServer dns;
+  ASSERT_TRUE(dns.bound());
+  const HostResolution r = resolve_host("localhost", 2000, dns.servers());
+  EXPECT_THAT(r.addresses, Contains(AnyOf("127.0.0.1", "::1"))) << r.error;
+}
+
+TEST(HostResolver, AServerThatNeverAnswersCostsOneTimeout) {
+  testing::SilentDnsServer dns;
+  ASSERT_TRUE(dns.bound());
+  const auto t0 = Clock::now();
+  const HostResolution r = resolve_host("redis.kvcache-test.example", 150, dns.servers());
+  const double ms = ms_since(t0);
+  EXPECT_TRUE(r.addresses.empty());
+  EXPECT_THAT(r.error, HasSubstr("no answer within 150 ms"));
+  EXPECT_GE(ms, 140);
+  EXPECT_LT(ms, 1000) << "the lookup outlived its timeout";
+}
+
+TEST(HostResolver, AMalformedServerListIsAnError) {
+  const HostResolution r = resolve_host("redis.kvcache-test.example", 100, "not an address");
+  EXPECT_TRUE(r.addresses.empty());
+  EXPECT_FALSE(r.error.empty());
+}
+
+}  // namespace
+}  // namespace kvc::kv
