@@ -20,7 +20,7 @@ KvCacheManager::KvCacheManager(const kv::KvGeometry& geometry, uint64_t memory_b
   pool_ = std::make_unique<kv::BlockPool>(geometry, memory_bytes);
   const TierOptions& t = options_.tiers;
   const bool tiered = options_.prefix_cache && (!t.disk_dir.empty() || !t.redis_url.empty());
-  if (tiered && (geometry.window_tokens > 0 || geometry.split_window > 0)) {
+  if (tiered && geometry.slides()) {
     fail(
         "the disk and Redis tiers do not store the blocks of a sliding-window model (a window of "
         "{} tokens): a stored prefix would need its window's blocks back as well; run without "
@@ -145,9 +145,8 @@ size_t KvCacheManager::blocks_to_admit(Sequence& s, size_t tokens, size_t chunk)
 }
 
 size_t KvCacheManager::room_for(Sequence& s) {
-  const kv::PoolCounts c = pool_->counts();
   const size_t shared = computed(s).shared_unreferenced;
-  return c.free + c.cached - std::min(c.cached, shared);
+  return room() - std::min(pool_->counts().cached, shared);
 }
 
 kv::PrefixMatch KvCacheManager::attach(Sequence& s) {
@@ -171,7 +170,12 @@ kv::PrefixMatch KvCacheManager::attach(Sequence& s) {
   return m;
 }
 
-bool KvCacheManager::grow(Sequence& s, size_t tokens) {
+size_t KvCacheManager::room() const {
+  const kv::PoolCounts c = pool_->counts();
+  return c.free + c.cached;
+}
+
+bool KvCacheManager::grow(Sequence& s, size_t tokens, size_t keep_room) {
   // Under a sliding window the blocks behind the next token's window go first (sealed ones stay
   // cached for other requests), so that a sequence holds no more than its window.
   const kv::KvGeometry& g = pool_->geometry();
@@ -181,7 +185,8 @@ bool KvCacheManager::grow(Sequence& s, size_t tokens) {
   const size_t window_held = s.window_table ? s.window_table->capacity_tokens() : 0;
   const bool grown = s.table->reserve(tokens) && s.table->ensure_writable(s.written) &&
                      (!s.window_table || (s.window_table->reserve(tokens) &&
-                                          s.window_table->ensure_writable(s.written)));
+                                          s.window_table->ensure_writable(s.written))) &&
+                     room() >= keep_room;
   if (!grown) {
     // Nothing taken stays taken: the blocks reserved before the step that failed go back, so
     // that the victims chosen next are chosen for what s really holds.

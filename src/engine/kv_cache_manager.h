@@ -110,8 +110,11 @@ class KvCacheManager : public kv::BlockSource {
   kv::PrefixMatch attach(Sequence& s);
   // Makes s's table hold `tokens` tokens and the block at s.written private, evicting inline,
   // after releasing the blocks behind the window of s.written (a sliding-window model); false
-  // (nothing allocated) when even pinned blocks cannot make room.
-  bool grow(Sequence& s, size_t tokens);
+  // (nothing allocated) when even pinned blocks cannot make room, or when growing would leave
+  // fewer than keep_room blocks free or evictable (room promised to others).
+  bool grow(Sequence& s, size_t tokens, size_t keep_room = 0);
+  // Blocks free or evictable now (cached or pinned, held by no sequence).
+  size_t room() const;
   // Indexes s's filled blocks; with final, its last partial block too (s is done writing).
   void seal(Sequence& s, bool final);
   // Drops s's table: indexed blocks stay cached, the rest go back to the free list.

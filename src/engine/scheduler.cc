@@ -39,16 +39,42 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::take_finished() {
   return out;
 }
 
-bool Scheduler::fits(KvCacheManager& kv, Sequence& s) {
-  const size_t others = running_.size();
-  const size_t headroom =
-      others == 0 ? 0 : static_cast<size_t>(options_.reserve_blocks) * (others + 1);
+std::pair<size_t, size_t> Scheduler::admission_extent(KvCacheManager& kv, const Sequence& s) const {
   const size_t tokens = s.reserve_all ? s.longest(options_.context_length) : s.tokens.size() + 1;
   auto chunk = static_cast<size_t>(options_.max_batch_tokens);
   // Under a window, a pool too small for a whole chunk's reach still runs the sequence: alone,
   // in shorter chunks (see plan()).
   if (kv.pool().geometry().blocks_for_sequence(tokens, chunk) > kv.pool().num_blocks()) chunk = 1;
-  return kv.blocks_to_admit(s, tokens, chunk) + headroom <= kv.room_for(s);
+  return {tokens, chunk};
+}
+
+size_t Scheduler::claim(KvCacheManager& kv, const Sequence& s) const {
+  if (!s.reserve_all || !kv.pool().geometry().slides() || s.done || s.preempted || !s.table) {
+    return 0;
+  }
+  const auto [tokens, chunk] = admission_extent(kv, s);
+  const size_t peak = kv.pool().geometry().blocks_for_sequence(tokens, chunk);
+  size_t held = s.table->held_blocks() + s.table->open_key_blocks().size();
+  if (s.window_table) {
+    held += s.window_table->held_blocks() + s.window_table->open_key_blocks().size();
+  }
+  return peak - std::min(peak, held);
+}
+
+size_t Scheduler::claimed(KvCacheManager& kv, const Sequence* except) const {
+  size_t blocks = 0;
+  for (const auto& s : running_) {
+    if (s.get() != except) blocks += claim(kv, *s);
+  }
+  return blocks;
+}
+
+bool Scheduler::fits(KvCacheManager& kv, Sequence& s) {
+  const size_t others = running_.size();
+  const size_t headroom =
+      others == 0 ? 0 : static_cast<size_t>(options_.reserve_blocks) * (others + 1);
+  const auto [tokens, chunk] = admission_extent(kv, s);
+  return kv.blocks_to_admit(s, tokens, chunk) + headroom + claimed(kv, nullptr) <= kv.room_for(s);
 }
 
 bool Scheduler::shares_pending_prefill(KvCacheManager& kv, Sequence& s) {
@@ -94,10 +120,10 @@ void Scheduler::admit(KvCacheManager& kv, StepPlan& plan) {
     }
     if (!fits(kv, s)) break;
     const kv::PrefixMatch m = kv.attach(s);
-    // Under a sliding window a sequence's blocks are bounded by its window, and blocks for
-    // its whole output cannot be taken ahead of it.
-    const bool windowed = kv.pool().geometry().window_tokens > 0;
-    if (s.reserve_all && !windowed && !kv.grow(s, s.longest(options_.context_length))) {
+    // Under a sliding window blocks for the whole output cannot be taken ahead (they would
+    // outnumber the window's): its claim keeps their room instead.
+    const bool slides = kv.pool().geometry().slides();
+    if (s.reserve_all && !slides && !kv.grow(s, s.longest(options_.context_length))) {
       kv.detach(s);  // the room was counted but could not be taken: try again next step
       break;
     }
@@ -157,15 +183,15 @@ StepPlan Scheduler::plan(KvCacheManager& kv) {
     if (budget == 0) break;
     if (s->done || s->preempted) continue;
     size_t n = std::min(s->pending(), budget);
-    const bool windowed = kv.pool().geometry().window_tokens > 0;
+    const bool slides = kv.pool().geometry().slides();
     for (;;) {
-      if (kv.grow(*s, s->written + n)) {
+      if (kv.grow(*s, s->written + n, claimed(kv, s))) {
         budget -= n;
         plan.rows.emplace_back(s, n);
         break;
       }
       // Under a window a shorter chunk reaches over fewer blocks: halve it before preempting.
-      if (windowed && n > 1) {
+      if (slides && n > 1) {
         n = std::max<size_t>(1, n / 2);
         continue;
       }

@@ -9,7 +9,10 @@
 // accepted request always runs. A preempted request is readmitted only under the same rule.
 // Preemptions are bounded: a request preempted max_preemptions times is not chosen as a victim
 // again, and if it must yield once more it comes back only with blocks for its whole output
-// reserved, so no request is preempted more than max_preemptions + 1 times.
+// reserved, so no request is preempted more than max_preemptions + 1 times. Under a sliding
+// window those blocks cannot be taken ahead (the window's blocks are released as it runs): the
+// request's peak, less what it holds, is its claim instead, which admissions and the others'
+// growth leave free.
 //
 // Thread-safety: none; the engine calls it under its state mutex.
 #pragma once
@@ -71,6 +74,14 @@ class Scheduler {
  private:
   void admit(KvCacheManager& kv, StepPlan& plan);
   bool fits(KvCacheManager& kv, Sequence& s);
+  // The tokens s is admitted for (its whole output once protected) and the chunk its blocks are
+  // counted at: max_batch_tokens, or 1 where the pool cannot hold a whole chunk's reach.
+  std::pair<size_t, size_t> admission_extent(KvCacheManager& kv, const Sequence& s) const;
+  // Blocks a protected, admitted s may still take under a sliding window: its peak less what it
+  // holds (0 otherwise).
+  size_t claim(KvCacheManager& kv, const Sequence& s) const;
+  // The claims of the running sequences other than except.
+  size_t claimed(KvCacheManager& kv, const Sequence* except) const;
   // Whether a running request is still prefilling a block that s would share (admitting s now
   // would compute those keys and values twice).
   bool shares_pending_prefill(KvCacheManager& kv, Sequence& s);

@@ -71,6 +71,9 @@ struct KvGeometry {
 
   // Groups of layers a sequence holds blocks for: 1, or 2 with split_window.
   int groups() const { return split_window > 0 ? 2 : 1; }
+  // Whether some layers slide (every layer, or the second group's): a sequence then holds no
+  // more than its window's blocks in them, releasing those behind it as it runs.
+  bool slides() const { return window_tokens > 0 || split_window > 0; }
   // The geometry of one group's blocks: the full-attention group (0) or the windowed one (1).
   KvGeometry group(int g) const;
 

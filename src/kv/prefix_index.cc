@@ -420,9 +420,9 @@ void PrefixIndex::insert_blocks(const Hash256& ns, std::span<const int32_t> toke
     auto it = node->children.find(key);
     if (it != node->children.end()) {  // already cached, perhaps in another block
       node = it->second.get();
-      // A hollow node takes the block the sequence recomputed.
-      if (node->block < 0 && i >= table.first_held() &&
-          node_of_block_[table.blocks()[i]] == nullptr) {
+      if (i < table.first_held() || node_of_block_[table.blocks()[i]] != nullptr) continue;
+      if (node->block < 0) {
+        // A hollow node takes the block the sequence recomputed.
         if (!make_room(sp, node)) {
           // Making room may have taken the children that kept it in the tree.
           prune_hollow(node);
@@ -430,6 +430,12 @@ void PrefixIndex::insert_blocks(const Hash256& ns, std::span<const int32_t> toke
         }
         refill(node, table.blocks()[i]);
         if (!node->partial) added.push_back({node->hash, node->block, begin});
+      } else if (pool_.state(node->block) == BlockState::kCached) {
+        // The sequence recomputed a block the tree holds unreferenced (a window's cut of its
+        // cached prefix, or two sequences computing one prefix): the node takes the sequence's
+        // copy, the same bits by the exactness invariant, and the old one is freed. Kept, it
+        // would sit above the sequence's blocks as an inner node no eviction can take.
+        adopt(node, table.blocks()[i]);
       }
       continue;
     }
@@ -510,6 +516,14 @@ void PrefixIndex::prune_hollow(Node* n, const Node* keep) {
     n = parent;
   }
   if (lru_member(*n)) lru_add(n);  // a parent that became a leaf
+}
+
+void PrefixIndex::adopt(Node* n, BlockId b) {
+  pool_.free_cached(n->block);
+  node_of_block_[n->block] = nullptr;
+  n->block = b;
+  node_of_block_[b] = n;
+  pool_.set_cacheable(b, true);
 }
 
 void PrefixIndex::refill(Node* n, BlockId b) {

@@ -253,6 +253,9 @@ class PrefixIndex : public BlockSource {
   // Takes n out of the tree if it is hollow and has no children, and so each hollow ancestor it
   // alone kept, stopping at keep.
   void prune_hollow(Node* n, const Node* keep = nullptr);
+  // Gives the node n, whose block is unreferenced, the same tokens' block b instead, freeing its
+  // own.
+  void adopt(Node* n, BlockId b);
   // Gives the hollow node n the block b again (a sequence recomputed it).
   void refill(Node* n, BlockId b);
   // Cuts a walk back to the longest prefix whose window's blocks are all present, saying why in

@@ -242,6 +242,62 @@ TEST(EngineWindow, Gemma2HoldsEveryTokenOfItsFullLayersAndTheWindowOfTheOthers) 
   EXPECT_EQ(engine.stats().blocks.free, engine.num_blocks());
 }
 
+// Preemptions stay bounded under a window, where a protected request's whole output cannot
+// be taken ahead (its blocks behind the window go back as it runs): its peak is kept free for
+// it instead, so that no request is preempted more than max_preemptions + 1 times.
+void expect_preemptions_bounded(const std::string& path, size_t pool_blocks) {
+  Loaded m(path);
+  const int n_vocab = m.model->config().n_vocab;
+  EngineOptions o = windowed_options(*m.model, pool_blocks);
+  o.max_preemptions = 1;
+  o.max_running = 6;
+  Engine engine(*m.model, *m.tokenizer, o);
+  model::Rng rng(5);
+  std::vector<Request> requests;
+  for (int i = 0; i < 12; ++i) {
+    Request r = greedy(random_prompt(rng, n_vocab, 20 + 7 * (i % 5)), 90);
+    r.record_logits = i < 2;
+    r.ns = engine.namespace_for("");
+    requests.push_back(r);
+  }
+  std::vector<Outcome> outcomes;
+  for (auto& h : engine.submit_all(requests)) outcomes.push_back(collect(*h));
+  int preemptions = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(outcomes[i].error, "") << "request " << i;
+    EXPECT_EQ(outcomes[i].stats.generated_tokens, 90u) << "request " << i;
+    EXPECT_LE(outcomes[i].stats.preemptions, o.max_preemptions + 1) << "request " << i;
+    preemptions += outcomes[i].stats.preemptions;
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    expect_same_answer(outcomes[i], solo_run(*m.model, requests[i].prompt, 90),
+                       "request " + std::to_string(i));
+  }
+  EXPECT_GT(preemptions, 0) << "the pool was meant to be too small for all at once";
+  EXPECT_EQ(engine.stats().blocks.referenced, 0u);
+  engine.flush_cache();
+  EXPECT_EQ(engine.stats().blocks.free, engine.num_blocks()) << "a block outlived the tree";
+}
+
+// Pools of 9 and 10 blocks preempted a protected request a third time.
+TEST(EngineWindow, PreemptionsStayBoundedUnderPressure) {
+  for (size_t blocks = 6; blocks <= 16; ++blocks) {
+    SCOPED_TRACE(blocks);
+    expect_preemptions_bounded(windowed_model_path(), blocks);
+  }
+}
+
+// Gemma 2's windowed layers were not seen as sliding here: a protected request was grown for its
+// whole output ahead, which a pool of 17 blocks could not give, and the engine waited forever.
+// At 16, a request recomputing what the window had cut found its full layers' older blocks
+// above its own in the tree, where nothing could evict them, and failed for want of room.
+TEST(EngineWindow, Gemma2PreemptionsStayBoundedUnderPressure) {
+  for (size_t blocks : {16, 17, 18, 20, 24, 28}) {
+    SCOPED_TRACE(blocks);
+    expect_preemptions_bounded(windowed_model_path("gemma2"), blocks);
+  }
+}
+
 TEST(EngineWindow, TiersAreRefusedWithAClearError) {
   Loaded m(windowed_model_path());
   EngineOptions o = windowed_options(*m.model, 8);

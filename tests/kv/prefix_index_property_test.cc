@@ -314,6 +314,14 @@ class Harness {
     return p;
   }
 
+  // Whether a live table holds block b.
+  bool held(BlockId b) const {
+    return std::any_of(live_.begin(), live_.end(), [&](const auto& s) {
+      return std::find(s->table.blocks().begin(), s->table.blocks().end(), b) !=
+             s->table.blocks().end();
+    });
+  }
+
   // Mirrors insert().
   void model_insert(Model& m, const Seq& s, bool include_partial) {
     if (!enabled()) return;
@@ -324,7 +332,13 @@ class Harness {
       if (end == begin || (end - begin < kBlock && !include_partial)) return;
       const std::vector<int32_t> prefix(s.tokens.begin(),
                                         s.tokens.begin() + static_cast<std::ptrdiff_t>(end));
-      if (find(m, s.ns, prefix) >= 0) continue;
+      if (const int found = find(m, s.ns, prefix); found >= 0) {
+        // A recomputed copy replaces an unreferenced cached block of the same tokens.
+        const BlockId mine = s.table.blocks()[i];
+        Entry& e = m.entries[static_cast<size_t>(found)];
+        if (e.block != mine && !indexed(m, mine) && !held(e.block)) e.block = mine;
+        continue;
+      }
       if (end - begin < kBlock) {
         // A cached block that starts with these tokens already serves them by copy.
         const bool covered = std::any_of(m.entries.begin(), m.entries.end(), [&](const Entry& c) {

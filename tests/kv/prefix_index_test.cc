@@ -86,6 +86,51 @@ TEST(PrefixIndex, SecondRequestSharesFullBlocksAndCopiesThePartOfOne) {
   EXPECT_EQ(f.index.explain(f.ns_b, tokens, 10).last_shared_hash, Hash256{});
 }
 
+// A sequence that computed blocks the tree already holds unreferenced (it started before they
+// were indexed, or a window cut its cached prefix) indexes its own copies in their place and the
+// old ones are freed: kept, they stayed above its blocks as inner nodes no eviction could take.
+TEST(PrefixIndex, ARecomputedCopyReplacesAnUnreferencedBlockOfTheSameTokens) {
+  Fixture f;
+  const auto tokens = iota(12);
+  BlockTable first(f.pool, &f.index), second(f.pool, &f.index);
+  ASSERT_TRUE(first.reserve(8));
+  ASSERT_TRUE(second.reserve(12));
+  f.index.insert(f.ns_a, tokens, 8, first, false);
+  const BlockId old0 = first.blocks()[0], old1 = first.blocks()[1];
+  first.clear();  // two cached, unreferenced blocks
+  EXPECT_EQ(f.pool.counts().cached, 2u);
+  f.index.insert(f.ns_a, tokens, 12, second, false);
+  f.index.check_invariants();
+  EXPECT_EQ(f.pool.state(old0), BlockState::kFree);
+  EXPECT_EQ(f.pool.state(old1), BlockState::kFree);
+  EXPECT_EQ(f.pool.counts().cached, 0u);
+  EXPECT_EQ(f.index.stats().nodes, 3u);
+  second.clear();
+  EXPECT_EQ(f.pool.counts().cached, 3u);
+  // The chain is whole: a later request shares all three blocks, the second sequence's.
+  BlockTable third(f.pool, &f.index);
+  const std::vector<int32_t> longer = iota(13);
+  EXPECT_EQ(f.index.match(f.ns_a, longer, 12, third).shared_blocks, 3u);
+  EXPECT_EQ(f.index.evict(3), 0u);  // all held now
+}
+
+TEST(PrefixIndex, ABlockStillHeldIsNotReplaced) {
+  Fixture f;
+  const auto tokens = iota(8);
+  BlockTable first(f.pool, &f.index), second(f.pool, &f.index);
+  ASSERT_TRUE(first.reserve(8));
+  ASSERT_TRUE(second.reserve(8));
+  f.index.insert(f.ns_a, tokens, 8, first, false);
+  f.index.insert(f.ns_a, tokens, 8, second, false);
+  f.index.check_invariants();
+  EXPECT_EQ(f.index.stats().nodes, 2u);
+  second.clear();  // its copies were never indexed: they go back to the free list
+  EXPECT_EQ(f.pool.counts().cached, 0u);
+  EXPECT_EQ(f.pool.counts().free, 14u);
+  first.clear();
+  EXPECT_EQ(f.pool.counts().cached, 2u);
+}
+
 TEST(PrefixIndex, DivergedReportsTheFirstDifferentToken) {
   Fixture f;
   f.run(f.ns_a, iota(12));
