@@ -3,6 +3,7 @@
 #include <ares.h>
 #include <arpa/inet.h>
 #include <fmt/format.h>
+#include <netdb.h>
 #include <poll.h>
 
 #include <algorithm>
@@ -15,10 +16,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// An address, not a name (IPv6 with a scope, fe80::1%eth0, included): no lookup is made.
 bool is_numeric(const std::string& host) {
-  unsigned char buffer[sizeof(in6_addr)];
-  return inet_pton(AF_INET, host.c_str(), buffer) == 1 ||
-         inet_pton(AF_INET6, host.c_str(), buffer) == 1;
+  addrinfo hints{};
+  hints.ai_flags = AI_NUMERICHOST;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
+  freeaddrinfo(found);
+  return true;
 }
 
 // ares_getaddrinfo's answer, written by its callback.
@@ -94,9 +99,10 @@ HostResolution resolve_host(std::string_view host_view, double timeout_ms,
   std::call_once(library, [] { library_status = ares_library_init(ARES_LIB_INIT_ALL); });
   if (library_status != ARES_SUCCESS) return {{}, ares_strerror(library_status)};
 
-  // Three tries within the deadline: a lost datagram is sent again, a second server is asked.
+  // Three tries within the deadline, c-ares doubling each wait (sent at 0, T/4 and 3T/4): a lost
+  // datagram is sent again, a second server is asked.
   ares_options options{};
-  options.timeout = std::max(1, static_cast<int>(timeout_ms / 3));
+  options.timeout = std::max(1, static_cast<int>(timeout_ms / 4));
   options.tries = 3;
   ares_channel channel = nullptr;
   int status = ares_init_options(&channel, &options, ARES_OPT_TIMEOUTMS | ARES_OPT_TRIES);
@@ -114,8 +120,12 @@ HostResolution resolve_host(std::string_view host_view, double timeout_ms,
   ares_getaddrinfo(channel, host.c_str(), nullptr, &hints, on_answer, &answer);
   wait_for(channel, answer, deadline);
   const bool answered = answer.done;
-  ares_destroy(channel);  // ends a lookup still under way (its callback runs now)
-  if (!answered) return {{}, fmt::format("no answer within {} ms", timeout_ms)};
+  // Ends a lookup still under way; its callback runs now with what came in (the IPv4 addresses
+  // when only the IPv6 query went unanswered).
+  ares_destroy(channel);
+  if (!answered && answer.result.addresses.empty()) {
+    return {{}, fmt::format("no answer within {} ms", timeout_ms)};
+  }
   return answer.result;
 }
 

@@ -64,10 +64,20 @@ RedisAddress parse_redis_url(std::string_view url) {
     if (!db.empty()) a.db = parse_int(db, "database", url);
     rest = rest.substr(0, slash);
   }
-  if (const size_t colon = rest.rfind(':'); colon != std::string_view::npos) {
+  // An IPv6 address is written in brackets ([::1]:6379), so that its colons are not the port's.
+  const size_t bracket = rest.starts_with('[') ? rest.find(']') : std::string_view::npos;
+  if (rest.starts_with('[') && bracket == std::string_view::npos) {
+    fail("--kv-redis {}: '[' without ']'", url);
+  }
+  const size_t host_end = bracket == std::string_view::npos ? 0 : bracket + 1;
+  if (const size_t colon = rest.rfind(':'); colon != std::string_view::npos && colon >= host_end) {
     a.port = parse_int(rest.substr(colon + 1), "port", url);
     if (a.port == 0 || a.port > 65535) fail("--kv-redis {}: port {} is out of range", url, a.port);
     rest = rest.substr(0, colon);
+  }
+  if (bracket != std::string_view::npos) {
+    if (rest.size() != bracket + 1) fail("--kv-redis {}: text after ']' is not :PORT", url);
+    rest = rest.substr(1, bracket - 1);
   }
   if (rest.empty()) fail("--kv-redis {}: no host", url);
   a.host = std::string(rest);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <string>
 
+#include "ipv4_only_dns_server.h"
 #include "silent_dns_server.h"
 
 namespace kvc::kv {
@@ -27,6 +28,8 @@ TEST(HostResolver, NumericAddressesAreReturnedWithNoLookup) {
   EXPECT_EQ(resolve_host("127.0.0.1", 1000, dns.servers()).addresses,
             std::vector<std::string>{"127.0.0.1"});
   EXPECT_EQ(resolve_host("::1", 1000, dns.servers()).addresses, std::vector<std::string>{"::1"});
+  EXPECT_EQ(resolve_host("fe80::1%lo", 1000, dns.servers()).addresses,
+            std::vector<std::string>{"fe80::1%lo"});
   EXPECT_LT(ms_since(t0), 500);
 }
 
@@ -47,6 +50,17 @@ TEST(HostResolver, AServerThatNeverAnswersCostsOneTimeout) {
   EXPECT_THAT(r.error, HasSubstr("no answer within 150 ms"));
   EXPECT_GE(ms, 140);
   EXPECT_LT(ms, 1000) << "the lookup outlived its timeout";
+}
+
+// A server that answers A queries and never AAAA ones: the IPv4 address that came in is used
+// when the deadline ends the wait for the other half (it used to be thrown away).
+TEST(HostResolver, AnUnansweredIpv6HalfKeepsTheIpv4Answer) {
+  testing::Ipv4OnlyDnsServer dns;
+  ASSERT_TRUE(dns.bound());
+  const HostResolution r = resolve_host("redis.kvcache-test.example", 200, dns.servers());
+  EXPECT_EQ(r.addresses, std::vector<std::string>{"127.0.0.1"}) << r.error;
+  EXPECT_GE(dns.a_queries(), 1);
+  EXPECT_GE(dns.aaaa_queries(), 1);
 }
 
 TEST(HostResolver, AMalformedServerListIsAnError) {

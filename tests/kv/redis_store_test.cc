@@ -52,6 +52,16 @@ TEST(RedisUrl, ParsesEveryPart) {
     }
     return std::string("no error");
   };
+  a = parse_redis_url("redis://[::1]:6381/3");
+  EXPECT_EQ(a.host, "::1");
+  EXPECT_EQ(a.port, 6381);
+  EXPECT_EQ(a.db, 3);
+  a = parse_redis_url("redis://:pw@[fe80::1%eth0]");
+  EXPECT_EQ(a.host, "fe80::1%eth0");
+  EXPECT_EQ(a.port, 6379);
+  EXPECT_EQ(a.password, "pw");
+  EXPECT_THAT(error("redis://[::1"), HasSubstr("'[' without ']'"));
+  EXPECT_THAT(error("redis://[::1]x:1"), HasSubstr("text after ']'"));
   EXPECT_THAT(error("http://x:1"), HasSubstr("expected redis://"));
   EXPECT_THAT(error("redis://x:99999"), HasSubstr("out of range"));
   EXPECT_THAT(error("redis://x:abc"), HasSubstr("port 'abc'"));
