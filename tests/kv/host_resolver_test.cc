@@ -6,8 +6,7 @@
 #include <chrono>
 #include <string>
 
-#include "ipv4_only_dns_server.h"
-#include "silent_dns_server.h"
+#include "dns_test_servers.h"
 
 namespace kvc::kv {
 namespace {

@@ -7,9 +7,9 @@
 #include <thread>
 
 #include "base/error.h"
+#include "dns_test_servers.h"
 #include "kv/tier_fixtures.h"
 #include "redis_server.h"
-#include "silent_dns_server.h"
 
 namespace kvc::kv {
 namespace {

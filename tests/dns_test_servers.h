@@ -1,5 +1,5 @@
-// A DNS server for tests, on a loopback UDP port: it answers every A query with 127.0.0.1 and
-// never answers AAAA (as some broken resolvers do), so a lookup of both gets only the IPv4 half.
+// DNS servers for tests, each on a loopback UDP port: one that never answers, and one that
+// answers A queries only.
 #pragma once
 
 #include <arpa/inet.h>
@@ -16,9 +16,10 @@
 
 namespace kvc::testing {
 
-class Ipv4OnlyDnsServer {
+// A UDP socket bound to a free loopback port.
+class LoopbackUdpSocket {
  public:
-  Ipv4OnlyDnsServer() : fd_(socket(AF_INET, SOCK_DGRAM, 0)) {
+  LoopbackUdpSocket() : fd_(socket(AF_INET, SOCK_DGRAM, 0)) {
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -26,33 +27,54 @@ class Ipv4OnlyDnsServer {
     if (fd_ >= 0 && bind(fd_, reinterpret_cast<sockaddr*>(&a), len) == 0 &&
         getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
       port_ = ntohs(a.sin_port);
-      thread_ = std::thread([this] { serve(); });
     }
+  }
+  ~LoopbackUdpSocket() {
+    if (fd_ >= 0) close(fd_);
+  }
+  LoopbackUdpSocket(const LoopbackUdpSocket&) = delete;
+  LoopbackUdpSocket& operator=(const LoopbackUdpSocket&) = delete;
+
+  int fd() const { return fd_; }
+  bool bound() const { return port_ != 0; }
+  // The address as a resolver's server list takes it.
+  std::string servers() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  int fd_;
+  int port_ = 0;
+};
+
+// A DNS server address that never answers: nothing reads the socket.
+class SilentDnsServer : public LoopbackUdpSocket {};
+
+// Answers every A query with 127.0.0.1 and never a AAAA one (as some broken resolvers do), so a
+// lookup of both gets only the IPv4 half.
+class Ipv4OnlyDnsServer {
+ public:
+  Ipv4OnlyDnsServer() {
+    if (socket_.bound()) thread_ = std::thread([this] { serve(); });
   }
   ~Ipv4OnlyDnsServer() {
     stop_ = true;
     if (thread_.joinable()) thread_.join();
-    if (fd_ >= 0) close(fd_);
   }
-  Ipv4OnlyDnsServer(const Ipv4OnlyDnsServer&) = delete;
-  Ipv4OnlyDnsServer& operator=(const Ipv4OnlyDnsServer&) = delete;
 
-  bool bound() const { return port_ != 0; }
-  // The address as a resolver's server list takes it.
-  std::string servers() const { return "127.0.0.1:" + std::to_string(port_); }
+  bool bound() const { return socket_.bound(); }
+  std::string servers() const { return socket_.servers(); }
   int a_queries() const { return a_queries_; }
   int aaaa_queries() const { return aaaa_queries_; }
 
  private:
   void serve() {
     while (!stop_) {
-      pollfd p{fd_, POLLIN, 0};
+      pollfd p{socket_.fd(), POLLIN, 0};
       if (poll(&p, 1, 20) <= 0) continue;
       uint8_t q[512];
       sockaddr_in from{};
       socklen_t from_len = sizeof from;
       const ssize_t n =
-          recvfrom(fd_, q, sizeof q, 0, reinterpret_cast<sockaddr*>(&from), &from_len);
+          recvfrom(socket_.fd(), q, sizeof q, 0, reinterpret_cast<sockaddr*>(&from), &from_len);
       if (n < 12) continue;
       // The question: a name of length-prefixed labels, then its type and class.
       size_t at = 12;
@@ -76,12 +98,11 @@ class Ipv4OnlyDnsServer {
                                 0,    0,  0,   60,  // TTL 60 s
                                 0,    4,  127, 0,  0, 1};
       r.insert(r.end(), answer, answer + sizeof answer);
-      sendto(fd_, r.data(), r.size(), 0, reinterpret_cast<sockaddr*>(&from), from_len);
+      sendto(socket_.fd(), r.data(), r.size(), 0, reinterpret_cast<sockaddr*>(&from), from_len);
     }
   }
 
-  int fd_;
-  int port_ = 0;
+  LoopbackUdpSocket socket_;
   std::atomic<bool> stop_{false};
   std::atomic<int> a_queries_{0}, aaaa_queries_{0};
   std::thread thread_;
