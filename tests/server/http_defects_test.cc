@@ -29,14 +29,11 @@ using testing::ids;
 using testing::json;
 using testing::post;
 using testing::RawConnection;
+using testing::seconds_since;
 using testing::stream;
 using testing::TestServer;
 using testing::tiny_model;
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 size_t count_of(const std::string& text, const std::string& what) {
   size_t n = 0;

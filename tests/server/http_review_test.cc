@@ -27,13 +27,10 @@ using testing::ids;
 using testing::json;
 using testing::post;
 using testing::RawConnection;
+using testing::seconds_since;
 using testing::TestServer;
 using testing::tiny_model;
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 std::string post_request(const std::string& path, const std::string& body,
                          const std::string& extra_headers = "") {

@@ -110,6 +110,11 @@ struct Reply {
   }
 };
 
+// Seconds of the steady clock since t.
+inline double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 // The tiny synthetic model the server tests run on.
 inline std::string tiny_model() {
   return kvc::testing::synthetic_model_path("tiny", DType::F32);
