@@ -1,11 +1,27 @@
 // Software prefetch of a byte range (internal to base/): for rows that a later call will read
 // where the hardware prefetchers cannot foresee it (the next blocks of a paged KV cache lie
-// anywhere in the pool).
+// anywhere in the pool), or stay too little ahead of (decode's stream of weight rows).
 #pragma once
 
 #include <cstddef>
 
 namespace kvc::kernels {
+
+// Requests the cache line holding *p. A request into the second level is written out on
+// x86-64: GCC 12's dead code elimination deleted decode's row-stream requests (a loop of
+// __builtin_prefetch whose bounds come from the caller's arithmetic), silently. First-level
+// requests keep the builtin: the attention kernels' requests survive it, and written out they
+// made prefill at depth 4096 12% slower (110M q8_0, 2 threads, Xeon with AVX-512).
+template <int kLocality>
+inline void prefetch_line(const char* p) {
+#if defined(__x86_64__)
+  if constexpr (kLocality == 2) {
+    asm volatile("prefetcht1 %0" : : "m"(*p));
+    return;
+  }
+#endif
+  __builtin_prefetch(p, 0, kLocality);
+}
 
 // Requests the cache lines holding bytes [begin, end) of base; nothing when base is null.
 // kLocality as __builtin_prefetch takes it: 3 into every level, 2 into the second-level cache
@@ -14,8 +30,7 @@ template <int kLocality = 3>
 inline void prefetch_lines(const void* base, size_t begin, size_t end) {
   if (base == nullptr) return;
   const auto* p = static_cast<const char*>(base);
-  for (size_t at = begin & ~size_t{63}; at < end; at += 64)
-    __builtin_prefetch(p + at, 0, kLocality);
+  for (size_t at = begin & ~size_t{63}; at < end; at += 64) prefetch_line<kLocality>(p + at);
 }
 
 }  // namespace kvc::kernels
