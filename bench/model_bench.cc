@@ -169,7 +169,7 @@ void run_model_bench(const ModelBenchOptions& o, std::ostream& out) {
   }
   const int npl_max = max_of(o.n_parallel);
   const kv::KvGeometry g = c.kv_geometry(o.kv_k_dtype, o.kv_v_dtype, 0);
-  const std::string isa(kernels::isa_name(kernels::active_isa()));
+  const std::string isa = kernels::kernels_name();
   const std::string model_name = std::filesystem::path(o.model_path).filename().string();
 
   nlohmann::json json = nlohmann::json::array();

@@ -1,7 +1,7 @@
 // AVX-512 (F, BW, VL, DQ, VNNI) GEMM micro-kernels: a tile of activation rows against a tile
 // of weight rows, every output summed with exactly the operations, lanes and order of the
-// single-row dot in kernels_avx512.cc (f32, f16, bf16, q8_0; the other types' single row is
-// their tile of one), so a row's result does not depend on its tile.
+// single-row dot in kernels_avx512.cc (f32, f16, bf16; the other types' single row is their
+// narrow column or tile of one), so a row's result does not depend on its tile.
 #include <immintrin.h>
 
 #include <array>
@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "base/dtype.h"
+#include "base/gemm_amx.h"
 #include "base/gemm_table.h"
 #include "base/prefetch_lines.h"
 #include "base/quant_blocks.h"
@@ -200,55 +201,83 @@ inline __m256i load256(const void* p) {
   return _mm256_loadu_si256(static_cast<const __m256i*>(p));
 }
 
-// Both f16 scales of a block pair as f32, each in its own half of the register.
-inline __m512 scale_pair(const uint16_t* lo, const uint16_t* hi) {
-  const __m256i both =
-      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(static_cast<short>(*lo))),
-                              _mm_set1_epi16(static_cast<short>(*hi)), 1);
-  return _mm512_cvtph_ps(both);
+// Adds the 32 lanes of a and b (a's 16, then b's) in neighbouring pairs: lane i of the result
+// is lanes 2i and 2i + 1 of the pair (exact: int32 sums of products that cannot overflow).
+inline __m512i fold_pairs(__m512i a, __m512i b) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  return _mm512_add_epi32(_mm512_permutex2var_epi32(a, even, b),
+                          _mm512_permutex2var_epi32(a, odd, b));
 }
 
-// q8_0 weights against q8_0 activations, two blocks per register, as dot_w_q8_0 in
-// kernels_avx512.cc. dpbusd multiplies unsigned by signed bytes, so the tiles take the weights
-// as u = w + 128 (one xor) and the activations as they are, -128 sum(x) added through dpbusd's
-// accumulator input from the prepared row (its sums of four once per row per call); decode's
-// narrow column moves each weight's sign onto its activation instead. The int32 sums are exact,
-// so the single-row kernel's results come out bit for bit.
+// Sixteen blocks' exact int32 sums, lane i block i, from dpbusd's results over their eight
+// pairs (pair p: lanes 0-7 sums of four products of block 2p, lanes 8-15 of block 2p + 1),
+// folded four pairs at a time: half[0] holds blocks 0-7 at two lanes each, half[1] blocks 8-15.
+inline __m512i fold_four_pairs(const __m512i (&d)[4]) {
+  return fold_pairs(fold_pairs(d[0], d[1]), fold_pairs(d[2], d[3]));
+}
+
+// Sixteen weight rows' (or one row's sixteen blocks') f16 scales as floats, `count` of them from
+// the block at `first` on, blocks `stride` bytes apart; lanes from count on are zero.
+inline __m512 gather_scales(const uint16_t* first, size_t stride, size_t count) {
+  const __m512i offsets =
+      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                         _mm512_set1_epi32(static_cast<int>(stride)));
+  // Four bytes from each scale: the scale and the block's first two values, dropped below.
+  const __m512i words =
+      _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), tail_mask(count), offsets, first, 1);
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
+}
+
+// q8_0 weights against q8_0 activations. Every path sums in one order, documented by the
+// reference in gemm_test.cc: block b's 32 products as one exact int32 I_b; lane b % 16 of 16
+// float lanes takes fma(d_w * d_x, I_b, lane), blocks in increasing order; the lanes summed as
+// hsum512. dpbusd multiplies unsigned by signed bytes: decode's narrow column moves each
+// weight's sign onto its activation, the tiles take the weights as u = w + 128 (one xor) and
+// add -128 sum(x) through dpbusd's accumulator from the prepared row. AMX (gemm_amx.cc) sums
+// each block whole in its tile registers and keeps the same lanes: every path gives the bits
+// of every other, whatever the batch.
 struct Q8Tile {
   static constexpr int kRows = 4;
   static constexpr int kCols = 4;
-
-  // A prepared activation row: per pair of blocks, their 64 values, their two scales as 16
-  // floats (lanes 0-7 the first block's, 8-15 the second's) and -128 times each group of
-  // four's sum; then an odd last block as it was.
-  struct PairX {
-    int8_t values[64];
-    float scales[16];
-    int32_t bias[16];
-  };
 
   static __m512i pair_signed(const BlockQ8_0& b0, const BlockQ8_0& b1) {
     return join(load256(b0.qs), load256(b1.qs));
   }
 
+  // Blocks b and b + 1 of a row of `blocks`, the second zero when b is the last.
+  static __m512i pair_at(const BlockQ8_0* a, size_t b, size_t blocks) {
+    return b + 1 < blocks ? pair_signed(a[b], a[b + 1]) : _mm512_castsi256_si512(load256(a[b].qs));
+  }
+
+  // A prepared activation row: its n values in block order, then -128 times each four's sum
+  // (n / 4 int32), then each block's scale as a float.
+  struct PreparedRow {
+    const int8_t* values;
+    const int32_t* bias;
+    const float* scales;
+    PreparedRow(const uint8_t* row, size_t n)
+        : values(reinterpret_cast<const int8_t*>(row)),
+          bias(reinterpret_cast<const int32_t*>(row + n)),
+          scales(reinterpret_cast<const float*>(row + 2 * n)) {}
+  };
+
   static const uint8_t* prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
                                 size_t* stride) {
-    const size_t pairs = n / 64;
-    *stride = (pairs * sizeof(PairX) + sizeof(BlockQ8_0) + 63) / 64 * 64;
+    const size_t blocks = n / 32;
+    *stride = (2 * n + blocks * sizeof(float) + 63) / 64 * 64;
     uint8_t* out = gemm_scratch(*stride * n_x);
     for (size_t r = 0; r < n_x; ++r) {
       const auto* b = row_at<BlockQ8_0>(x, x_stride, static_cast<int>(r));
-      auto* p = reinterpret_cast<PairX*>(out + r * *stride);
-      for (size_t i = 0; i < pairs; ++i) {
-        const __m512i v = pair_signed(b[2 * i], b[2 * i + 1]);
-        _mm512_storeu_si512(p[i].values, v);
-        const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), v);
-        _mm512_storeu_si512(p[i].bias,
-                            _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 7)));
-        _mm512_storeu_ps(p[i].scales, scale_pair(&b[2 * i].d, &b[2 * i + 1].d));
-      }
-      if (n / 32 % 2 != 0) {
-        *reinterpret_cast<BlockQ8_0*>(p + pairs) = b[n / 32 - 1];
+      uint8_t* row = out + r * *stride;
+      auto* scales = reinterpret_cast<float*>(row + 2 * n);
+      for (size_t i = 0; i < blocks; ++i) {
+        const __m256i v = load256(b[i].qs);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + 32 * i), v);
+        const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), v);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + n + 32 * i),
+                            _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sums, 7)));
+        scales[i] = half(b[i].d);
       }
     }
     return out;
@@ -258,57 +287,66 @@ struct Q8Tile {
   static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
                    size_t ys) {
     const BlockQ8_0* a[NR];
-    const PairX* b[MR];
     for (int j = 0; j < NR; ++j) a[j] = row_at<BlockQ8_0>(w, ws, j);
-    for (int r = 0; r < MR; ++r) b[r] = row_at<PairX>(x, xs, r);
+    const int8_t* xv[MR];
+    const int32_t* xb[MR];
+    const float* xd[MR];
+    for (int r = 0; r < MR; ++r) {
+      const PreparedRow p(x + r * xs, n);
+      xv[r] = p.values;
+      xb[r] = p.bias;
+      xd[r] = p.scales;
+    }
     const size_t blocks = n / 32;
     __m512 acc[MR][NR];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_setzero_ps();
-    size_t i = 0;
-    for (; i + 2 <= blocks; i += 2) {
-      __m512i wu[NR];
-      __m512 dw[NR];
+    for (size_t g = 0; g < blocks; g += 16) {
+      const size_t count = blocks - g < 16 ? blocks - g : 16;
+      const __mmask16 present = tail_mask(count);
+      __m512 dx[MR];
+      for (int r = 0; r < MR; ++r) dx[r] = _mm512_maskz_loadu_ps(present, xd[r] + g);
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
-        wu[j] = _mm512_xor_si512(pair_signed(a[j][i], a[j][i + 1]),
-                                 _mm512_set1_epi8(static_cast<char>(0x80)));
-        dw[j] = scale_pair(&a[j][i].d, &a[j][i + 1].d);
-      }
+        const __m512 dw = gather_scales(&a[j][g].d, sizeof(BlockQ8_0), count);
+        __m512i half_sums[MR][2];
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          __m512i wu[4];
+          for (int p = 0; p < 4; ++p) {
+            const size_t b = g + 8 * h + 2 * p;
+            wu[p] = b < blocks ? _mm512_xor_si512(pair_at(a[j], b, blocks),
+                                                  _mm512_set1_epi8(static_cast<char>(0x80)))
+                               : _mm512_setzero_si512();
+          }
 #pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) {
-        const PairX& px = b[r][i / 2];
-        const __m512i xv = _mm512_loadu_si512(px.values);
-        const __m512 dx = _mm512_loadu_ps(px.scales);
-        const __m512i bias = _mm512_loadu_si512(px.bias);
+          for (int r = 0; r < MR; ++r) {
+            __m512i d[4];
+            for (int p = 0; p < 4; ++p) {
+              const size_t b = g + 8 * h + 2 * p;
+              if (b + 1 < blocks) {
+                d[p] = _mm512_dpbusd_epi32(_mm512_loadu_si512(xb[r] + 8 * b), wu[p],
+                                           _mm512_loadu_si512(xv[r] + 32 * b));
+              } else if (b < blocks) {  // the last block alone: its pair's upper half is zero
+                const __m512i bias = _mm512_maskz_loadu_epi32(0x00ff, xb[r] + 8 * b);
+                const __m512i values = _mm512_maskz_loadu_epi64(0x0f, xv[r] + 32 * b);
+                d[p] = _mm512_maskz_dpbusd_epi32(0x00ff, bias, wu[p], values);
+              } else {
+                d[p] = _mm512_setzero_si512();
+              }
+            }
+            half_sums[r][h] = fold_four_pairs(d);
+          }
+        }
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) {
-          // Exact int32 sums of four products: u x - 128 sum(x) with w = u - 128.
-          const __m512i dot = _mm512_dpbusd_epi32(bias, wu[j], xv);
-          acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw[j], dx), _mm512_cvtepi32_ps(dot), acc[r][j]);
+        for (int r = 0; r < MR; ++r) {
+          const __m512i sums = fold_pairs(half_sums[r][0], half_sums[r][1]);
+          acc[r][j] =
+              _mm512_fmadd_ps(_mm512_mul_ps(dw, dx[r]), _mm512_cvtepi32_ps(sums), acc[r][j]);
         }
       }
     }
-    float sums[MR * NR];
-    tile_sums<MR, NR>(acc, sums);
-    for (int r = 0; r < MR; ++r) {
-      const auto& last = *reinterpret_cast<const BlockQ8_0*>(b[r] + blocks / 2);
-      for (int j = 0; j < NR; ++j) {
-        const float sum = sums[r * NR + j];
-        y[r * ys + j] = i < blocks ? sum + odd_block(a[j][i], last.qs, half(last.d)) : sum;
-      }
-    }
-  }
-
-  // A row's last block when its count is odd, summed alone.
-  static float odd_block(const BlockQ8_0& w, const int8_t* x_values, float x_scale) {
-    const __m256i wv = load256(w.qs);
-    const __m256i offset8 = _mm256_set1_epi8(static_cast<char>(0x80));
-    const __m256i corr8 = _mm256_sub_epi32(
-        _mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), offset8, wv));
-    const __m256i xu = _mm256_xor_si256(load256(x_values), offset8);
-    const __m256 d = _mm256_set1_ps(half(w.d) * x_scale);
-    return hsum256(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(corr8, xu, wv))));
+    store_sums<MR, NR>(acc, y, ys);
   }
 
   // Decode's few activation rows (at most kGemmNarrowRows) as narrow_column reads them.
@@ -318,9 +356,7 @@ struct Q8Tile {
   }
 
   // narrow_prepare()'s rows against one weight row. Each weight's sign moves onto its
-  // activation, |w| * +-x, so dpbusd needs no bias; the int32 sums, exact, are the tile's. The
-  // two blocks' scale products are formed in one 128-bit multiply and spread over their halves
-  // (the same products as the tile's 512-bit one): every bit after the sums is the tile's too.
+  // activation, |w| * +-x, so dpbusd needs no bias; the int32 sums, exact, are the tiles'.
   // (Activations are quantised to [-127, 127], so negating one never overflows; |-128| is 128
   // as dpbusd's unsigned operand.)
   template <int MR>
@@ -331,31 +367,49 @@ struct Q8Tile {
     const int8_t* const(&xv)[MR] = rows.values;
     const float* const(&xd)[MR] = rows.scales;
     const size_t blocks = n / 32;
-    // Lanes 0-7 take element 0 (the first block's scale), lanes 8-15 element 1.
-    const __m512i halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     __m512 acc[MR][1];
     for (int r = 0; r < MR; ++r) acc[r][0] = _mm512_setzero_ps();
-    size_t i = 0;
-    for (; i + 2 <= blocks; i += 2) {
-      const __m512i wv = pair_signed(a[i], a[i + 1]);
-      const __mmask64 negative = _mm512_movepi8_mask(wv);
-      const __m512i wq = _mm512_abs_epi8(wv);
-      const __m128 dw = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(a[i].d), a[i + 1].d, 1));
+    for (size_t g = 0; g < blocks; g += 16) {
+      const size_t count = blocks - g < 16 ? blocks - g : 16;
+      const __mmask16 present = tail_mask(count);
+      __m512i half_sums[MR][2];
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        __m512i wq[4];
+        __mmask64 negative[4];
+        for (int p = 0; p < 4; ++p) {
+          const size_t b = g + 8 * h + 2 * p;
+          const __m512i wv = b < blocks ? pair_at(a, b, blocks) : _mm512_setzero_si512();
+          negative[p] = _mm512_movepi8_mask(wv);
+          wq[p] = _mm512_abs_epi8(wv);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) {
+          __m512i d[4];
+          for (int p = 0; p < 4; ++p) {
+            const size_t b = g + 8 * h + 2 * p;
+            // A pair past the row, or the upper half of a last block alone, has zero weights:
+            // whatever values the (aligned, in-row) load meets there add nothing.
+            const __m512i xq =
+                b < blocks ? _mm512_load_si512(xv[r] + 32 * b) : _mm512_setzero_si512();
+            const __m512i signed_x =
+                _mm512_mask_sub_epi8(xq, negative[p], _mm512_setzero_si512(), xq);
+            d[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[p], signed_x);
+          }
+          half_sums[r][h] = fold_four_pairs(d);
+        }
+      }
+      const __m512 dw = gather_scales(&a[g].d, sizeof(BlockQ8_0), count);
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) {
-        const __m512i xq = _mm512_load_si512(xv[r] + 32 * i);
-        const __m512i signed_x = _mm512_mask_sub_epi8(xq, negative, _mm512_setzero_si512(), xq);
-        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, signed_x);
-        const __m128 dx = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(xd[r] + i)));
-        const __m512 d = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_mul_ps(dw, dx)));
-        acc[r][0] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot), acc[r][0]);
+        const __m512i sums = fold_pairs(half_sums[r][0], half_sums[r][1]);
+        const __m512 dx = _mm512_maskz_loadu_ps(present, xd[r] + g);
+        acc[r][0] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(sums), acc[r][0]);
       }
     }
     float sums[MR];
     tile_sums<MR, 1>(acc, sums);
-    for (int r = 0; r < MR; ++r) {
-      y[r * ys] = i < blocks ? sums[r] + odd_block(a[i], xv[r] + 32 * i, xd[r][i]) : sums[r];
-    }
+    for (int r = 0; r < MR; ++r) y[r * ys] = sums[r];
   }
 };
 
@@ -711,6 +765,29 @@ struct KQuantTile512 {
   }
 };
 
+// q8_0: the whole groups of 16 weight rows and 16 activation rows on AMX tiles where this CPU
+// has them, the rest (and everything elsewhere) on the tiles above; the same bits either way.
+void gemm_q8_0(const void* w, size_t w_stride, size_t n_w, const void* x, size_t x_stride,
+               size_t n_x, size_t n, float* y, size_t y_stride) {
+  const size_t rows = n_x / 16 * 16;
+  const size_t cols = n_w / 16 * 16;
+  if (rows == 0 || cols == 0 || !amx_enabled()) {
+    gemm_tiled<Q8Tile>(w, w_stride, n_w, x, x_stride, n_x, n, y, y_stride);
+    return;
+  }
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* xb = static_cast<const uint8_t*>(x);
+  gemm_q8_0_amx(w, w_stride, cols, x, x_stride, rows, n, y, y_stride);
+  if (cols < n_w) {
+    gemm_tiled<Q8Tile>(wb + cols * w_stride, w_stride, n_w - cols, x, x_stride, rows, n, y + cols,
+                       y_stride);
+  }
+  if (rows < n_x) {
+    gemm_tiled<Q8Tile>(w, w_stride, n_w, xb + rows * x_stride, x_stride, n_x - rows, n,
+                       y + rows * y_stride, y_stride);
+  }
+}
+
 // f32 weights whose rows all start 32 bytes into a line take their loads in halves.
 void gemm_f32(const void* w, size_t w_stride, size_t n_w, const void* x, size_t x_stride,
               size_t n_x, size_t n, float* y, size_t y_stride) {
@@ -728,7 +805,7 @@ const GemmTable* avx512_gemm() {
       gemm_f32,
       gemm_tiled<Half16Tile<LoadF16>>,
       gemm_tiled<Half16Tile<LoadBf16>>,
-      gemm_tiled<Q8Tile>,
+      gemm_q8_0,
       gemm_tiled<FourBlockTile<Q4FourBlocks>>,
       gemm_tiled<FourBlockTile<Q41FourBlocks>>,
       gemm_tiled<FourBlockTile<Q5FourBlocks>>,

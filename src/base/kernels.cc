@@ -5,6 +5,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "base/gemm_amx.h"
 #include "base/gemm_table.h"
 #include "base/kernel_table.h"
 #include "base/prefetch_lines.h"
@@ -116,6 +117,18 @@ std::string_view isa_name(Isa isa) {
   return "?";
 }
 
+bool amx_active() {
+  return active_isa() == Isa::kAvx512 && amx_enabled();
+}
+
+void set_amx(bool enabled) {
+  set_amx_enabled(enabled);
+}
+
+std::string kernels_name() {
+  return std::string(isa_name(active_isa())) + (amx_active() ? "+amx" : "");
+}
+
 std::optional<Isa> parse_isa(std::string_view name) {
   if (name == "scalar") return Isa::kScalar;
   if (name == "avx2") return Isa::kAvx2;
@@ -138,8 +151,9 @@ size_t activation_row_bytes(DType w, size_t n) {
 // K-quant weights summed a super-block apart before joining a row's sum, AVX2 and AVX-512; 7:
 // K-quant weights against q8_K activations, each super-block summed in integers; q5_0 weights in
 // the integer tiles of q4_0, AVX2 and AVX-512; 8: AVX-512 sums q4_0, iq4_nl, q5_0, q4_1 and
-// q5_1 four blocks at a time, eight products per lane).
-constexpr int kArithmeticVersion = 8;
+// q5_1 four blocks at a time, eight products per lane; 9: AVX-512 sums q8_0 a block at a time,
+// block b in lane b % 16, as its AMX tiles do).
+constexpr int kArithmeticVersion = 9;
 
 std::string arithmetic_identity() {
   return std::string(isa_name(active_isa())) + "/" + std::to_string(kArithmeticVersion);

@@ -27,6 +27,14 @@ void set_isa(Isa isa);
 // results do), so cached keys and values are shared under one name only.
 std::string arithmetic_identity();
 std::string_view isa_name(Isa isa);
+// Whether the q8_0 matrix products of 16 rows and more run on AMX tiles: the AVX-512 kernels
+// are active, this CPU has AMX-INT8, and neither KVCACHE_AMX=0 nor set_amx(false) turned them
+// off. The same bits as without (so arithmetic_identity() does not name it).
+bool amx_active();
+// Turns the AMX tiles on (where the CPU has them) or off, for side-by-side runs and tests.
+void set_amx(bool enabled);
+// isa_name(active_isa()), with "+amx" where amx_active().
+std::string kernels_name();
 std::optional<Isa> parse_isa(std::string_view name);
 
 // Type that activations take when multiplied by weights of type w (integer dot products for

@@ -127,51 +127,6 @@ float dot_w_bf16(const void* w, const void* x, size_t n) {
   return hsum512(_mm512_add_ps(acc0, acc1));
 }
 
-inline __m512i dot_i8_pair(__m512i w, __m512i x) {
-  const __mmask64 negative = _mm512_movepi8_mask(w);
-  const __m512i abs_w = _mm512_abs_epi8(w);
-  const __m512i signed_x = _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x);
-  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), abs_w, signed_x);
-}
-
-inline __m256i dot_i8_single(__m256i w, __m256i x) {
-  const __m256i abs_w = _mm256_sign_epi8(w, w);
-  const __m256i signed_x = _mm256_sign_epi8(x, w);
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), abs_w, signed_x);
-}
-
-inline __m512i load_pair(const int8_t* lo, const int8_t* hi) {
-  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo));
-  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi));
-  return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-}
-
-inline __m512 scale_pair(float lo, float hi) {
-  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(lo)), _mm256_set1_ps(hi), 1);
-}
-
-float dot_w_q8_0(const void* w, const void* x, size_t n) {
-  const auto* a = static_cast<const BlockQ8_0*>(w);
-  const auto* b = static_cast<const BlockQ8_0*>(x);
-  const size_t blocks = n / 32;
-  __m512 acc = _mm512_setzero_ps();
-  size_t i = 0;
-  for (; i + 2 <= blocks; i += 2) {
-    const __m512i qa = load_pair(a[i].qs, a[i + 1].qs);
-    const __m512i qb = load_pair(b[i].qs, b[i + 1].qs);
-    const __m512 d = scale_pair(half(a[i].d) * half(b[i].d), half(a[i + 1].d) * half(b[i + 1].d));
-    acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot_i8_pair(qa, qb)), acc);
-  }
-  float sum = hsum512(acc);
-  if (i < blocks) {
-    const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[i].qs));
-    const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs));
-    const __m256 d = _mm256_set1_ps(half(a[i].d) * half(b[i].d));
-    sum += hsum256(_mm256_mul_ps(d, _mm256_cvtepi32_ps(dot_i8_single(qa, qb))));
-  }
-  return sum;
-}
-
 KVC_ATTENTION_LOOPS(dot_f32_avx512, dot_f16_f32_avx512, axpy_f32_avx512, axpy_f16_avx512)
 
 // The 16-float vectors attention_lanes.h is written over.
@@ -363,7 +318,9 @@ struct F32Burst {
 const KernelTable* avx512_kernels() {
   static const KernelTable table = {
       // The unpacked types have no single-row dot here: their one-by-one GEMM tile is it.
-      {dot_w_f32, dot_w_f16, dot_w_bf16, dot_w_q8_0},
+      // q8_0 has no single-row dot here: the GEMM's narrow column is it (its blocks' sums meet
+      // 16 at a time in the order of its tiles and AMX's).
+      {dot_w_f32, dot_w_f16, dot_w_bf16},
       dot_f32_avx512,
       dot_f16_f32_avx512,
       axpy_f32_avx512,

@@ -83,7 +83,7 @@ void run_perplexity(const PerplexityArgs& a) {
   ThreadPool pool(threads);
   std::fprintf(stderr, "perplexity: %s, %zu tokens, context %d, KV %s, %d threads (%s)\n",
                a.model.c_str(), tokens.size(), a.context, kv::kv_dtypes_name(kv.k, kv.v).c_str(),
-               threads, std::string(kernels::isa_name(kernels::active_isa())).c_str());
+               threads, kernels::kernels_name().c_str());
 
   const auto n_vocab = static_cast<uint32_t>(c.n_vocab);
   const auto context = static_cast<uint32_t>(a.context);

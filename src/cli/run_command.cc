@@ -149,7 +149,7 @@ void run(const RunArgs& a) {
   engine::Engine& engine = *engine_holder;
 
   log_model_and_pool(path, *model, engine);
-  spdlog::info("{} threads, {} kernels", threads, kernels::isa_name(kernels::active_isa()));
+  spdlog::info("{} threads, {} kernels", threads, kernels::kernels_name());
 
   engine::GenerationOptions gen;
   gen.max_tokens = a.n_predict;

@@ -210,7 +210,7 @@ void serve(const ServeArgs& a) {
   log_model_and_pool(path, *model, engine);
   const int threads = thread_count(a.threads);
   spdlog::info("{} threads, {} kernels; prefix cache {}; up to {} running, {} waiting", threads,
-               kernels::isa_name(kernels::active_isa()), eo.prefix_cache ? "on" : "off",
+               kernels::kernels_name(), eo.prefix_cache ? "on" : "off",
                eo.max_running, eo.max_waiting);
   log_template(template_note, template_warning);
   spdlog::info("sessions keep up to {} blocks each; a tenant's sessions and pins up to {} blocks",

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/aligned_buffer.h"
+#include "base/gemm_amx.h"
 #include "base/isa_fixtures.h"
 #include "base/kernels.h"
 #include "base/matmul.h"
@@ -540,6 +541,78 @@ float k_quant_reference(int lanes, const uint8_t* w, const uint8_t* x, size_t n)
     for (int i = 0; i < width / 2; ++i) total[i] += total[i + width / 2];
   }
   return total[0];
+}
+
+// The order AVX-512 sums q8_0 in (gemm_avx512.cc's Q8Tile, and its AMX tiles), one scalar at a
+// time: block b's 32 products as one exact integer I_b; lane b % 16 takes fma(d_w * d_x, I_b,
+// lane) in increasing b; the 16 lanes summed as hsum512.
+float block_lane_reference(DType, const uint8_t* w, const uint8_t* x, size_t n) {
+  const auto* wb = reinterpret_cast<const BlockQ8_0*>(w);
+  const auto* xb = reinterpret_cast<const BlockQ8_0*>(x);
+  float lane[16] = {};
+  for (size_t b = 0; b < n / 32; ++b) {
+    int32_t sum = 0;
+    for (int e = 0; e < 32; ++e) sum += wb[b].qs[e] * xb[b].qs[e];
+    const float scale = f16_to_f32(wb[b].d) * f16_to_f32(xb[b].d);
+    lane[b % 16] = std::fma(scale, static_cast<float>(sum), lane[b % 16]);
+  }
+  for (int width = 16; width > 1; width /= 2) {
+    for (int i = 0; i < width / 2; ++i) lane[i] += lane[i + width / 2];
+  }
+  return lane[0];
+}
+
+// AVX-512's q8_0 kernels (decode's narrow column and the tiles) give the bits of the order they
+// document: one to 65 blocks a row, so that every lane count of a last group of 16 is met.
+TEST(GemmAvx512, Q8_0SumsInItsDocumentedOrder) {
+  if (kernels::best_isa() < Isa::kAvx512) GTEST_SKIP() << "this CPU lacks avx512: not tested";
+  expect_documented_order(Isa::kAvx512, {DType::Q8_0},
+                          {32u, 64u, 96u, 224u, 480u, 512u, 544u, 1056u, 2080u},
+                          block_lane_reference);
+}
+
+// Restores the AMX switch when a test ends.
+struct AmxGuard {
+  bool saved = kernels::amx_active();
+  ~AmxGuard() { kernels::set_amx(saved); }
+};
+
+// The AMX tiles (whole groups of 16 weight rows by 16 activation rows; the rest of a call on the
+// AVX-512 tiles) give the documented order's bits, and the same values as without AMX; through
+// matmul, a row's outputs do not depend on whether its batch was large enough for AMX.
+TEST(GemmAmx, Q8_0TilesSumInTheDocumentedOrder) {
+  if (kernels::best_isa() < Isa::kAvx512 || !kernels::amx_available()) {
+    std::printf(
+        "[ UNTESTED ] this CPU lacks AMX-INT8 (or Linux refused its tile state): the "
+        "AMX q8_0 tiles are not tested here\n");
+    GTEST_SKIP() << "this CPU lacks AMX-INT8: not tested";
+  }
+  IsaGuard isa_guard;
+  AmxGuard amx_guard;
+  kernels::set_isa(Isa::kAvx512);
+  kernels::set_gemm_tiles(true);
+  for (size_t n : {32u, 64u, 544u, 1056u, 2080u}) {
+    for (const auto& [n_w, n_x] : {std::pair<size_t, size_t>{16, 16}, {37, 35}, {50, 64}}) {
+      const Operands ops(DType::Q8_0, n, n_w, n_x, static_cast<uint32_t>(n + n_w + n_x));
+      kernels::set_amx(true);
+      ASSERT_TRUE(kernels::amx_active());
+      const std::vector<float> amx = ops.gemm();
+      for (size_t r = 0; r < n_x; ++r) {
+        for (size_t c = 0; c < n_w; ++c) {
+          const float want = block_lane_reference(DType::Q8_0, &ops.w[c * ops.w_stride],
+                                                  &ops.x[r * ops.x_stride], n);
+          ASSERT_TRUE(same_bits(amx[r * n_w + c], want))
+              << "amx " << describe(DType::Q8_0, n, n_w, n_x, r, c) << ": " << amx[r * n_w + c]
+              << " != " << want;
+        }
+      }
+      kernels::set_amx(false);
+      ASSERT_FALSE(kernels::amx_active());
+      const std::vector<float> plain = ops.gemm();
+      EXPECT_EQ(0, std::memcmp(amx.data(), plain.data(), amx.size() * sizeof(float)))
+          << "n=" << n << " " << n_x << "x" << n_w;
+    }
+  }
 }
 
 // The K-quant tiles (decode's one weight row at a time, and tiles of several rows and columns)

@@ -1,0 +1,206 @@
+// The q8_0 GEMM on AMX tiles. A tile multiply sums each block's 32 products whole (tdpbssd:
+// signed by signed bytes, exact int32), 16 weight rows by 16 activation rows at a time; the
+// blocks' sums then meet in float exactly as in the AVX-512 kernels (gemm_avx512.cc's Q8Tile):
+// lane b % 16 of each output takes fma(d_w * d_x, I_b, lane) in increasing b, and the 16
+// lanes are summed as hsum512. So a row's logits keep their bits whether AMX, the AVX-512
+// tiles or decode's narrow column computed them.
+#include "base/gemm_amx.h"
+
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "base/dtype.h"
+#include "base/gemm_table.h"
+
+namespace kvc::kernels {
+namespace {
+
+// Linux's request for the tile data state (arch/x86/include/uapi/asm/prctl.h).
+constexpr int kArchRequestXcompPermission = 0x1023;
+constexpr int kXfeatureTileData = 18;
+
+bool cpu_has_amx_int8() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  const bool tile = (edx >> 24) & 1;
+  const bool int8 = (edx >> 25) & 1;
+  return tile && int8;
+}
+
+bool request_tile_state() {
+  return syscall(SYS_arch_prctl, kArchRequestXcompPermission, kXfeatureTileData) == 0;
+}
+
+// Tiles: 0 and 3 the int32 sums (16 x 16), 1 and 4 sixteen weight rows' block (16 x 32 bytes),
+// 2 and 5 sixteen activation rows' block in the four-byte interleave tdpbssd reads (8 x 64).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {64, 32, 64, 64, 32, 64};
+  uint8_t rows[16] = {16, 16, 8, 16, 16, 8};
+};
+
+constexpr size_t kBlockBytes = sizeof(BlockQ8_0);
+constexpr size_t kInterleavedBlockBytes = 16 * 32;  // one activation tile: 16 rows' block
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+
+void configure_tiles() {
+  thread_local bool configured = false;
+  if (configured) return;
+  static const TileConfig config;
+  _tile_loadconfig(&config);
+  configured = true;
+}
+
+// Each group of 16 activation rows as tdpbssd's second operand, block after block (dword k of
+// row r's block at 64 k + 4 r), and then the group's scales as floats, block after block (16
+// each). Returns the first group; each takes group_bytes.
+const uint8_t* interleave_rows(const uint8_t* x, size_t x_stride, size_t n_x, size_t blocks,
+                               size_t* group_bytes) {
+  *group_bytes = blocks * (kInterleavedBlockBytes + 16 * sizeof(float));
+  uint8_t* out = gemm_scratch(*group_bytes * (n_x / 16));
+  for (size_t g = 0; g < n_x / 16; ++g) {
+    uint8_t* values = out + g * *group_bytes;
+    auto* scales = reinterpret_cast<float*>(values + blocks * kInterleavedBlockBytes);
+    for (size_t r = 0; r < 16; ++r) {
+      const auto* row = reinterpret_cast<const BlockQ8_0*>(x + (16 * g + r) * x_stride);
+      for (size_t b = 0; b < blocks; ++b) {
+        uint8_t* tile = values + b * kInterleavedBlockBytes + 4 * r;
+        for (size_t k = 0; k < 8; ++k) std::memcpy(tile + 64 * k, row[b].qs + 4 * k, 4);
+        scales[16 * b + r] = _cvtsh_ss(row[b].d);
+      }
+    }
+  }
+  return out;
+}
+
+// lane[m] = fma(d_w[m] * d_x, I[m], lane[m]) for the 16 weight rows m of one block, I the
+// tile's int32 sums stored at `sums` (row m: the 16 activation rows).
+inline void add_block(const int32_t (&sums)[16][16], const float* dw, __m512 dx,
+                      __m512 (&lane)[16]) {
+#pragma GCC unroll 16
+  for (int m = 0; m < 16; ++m) {
+    const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(dw[m]), dx);
+    const __m512 products = _mm512_cvtepi32_ps(_mm512_load_si512(sums[m]));
+    lane[m] = _mm512_fmadd_ps(scale, products, lane[m]);
+  }
+}
+
+// One group of 16 weight rows (their scales as floats in dw, 16 per block) against one group of
+// 16 activation rows: lanes[l][m] = row m's lane l (16 activation rows' values).
+void tile_lanes(const uint8_t* w, size_t w_stride, const float* dw, const uint8_t* xg,
+                size_t blocks, __m512 (&lanes)[16][16]) {
+  const auto* dx = reinterpret_cast<const float*>(xg + blocks * kInterleavedBlockBytes);
+  alignas(64) int32_t sums[2][16][16];
+  for (size_t l = 0; l < 16; ++l) {
+    __m512 lane[16];
+    for (__m512& v : lane) v = _mm512_setzero_ps();
+    // Blocks l, l + 16, ... in increasing order, two at a time in two sets of tiles so that
+    // the second's multiply runs while the first's sums are scaled.
+    for (size_t b = l; b < blocks; b += 32) {
+      const bool second = b + 16 < blocks;
+      _tile_loadd(1, w + b * kBlockBytes + 2, w_stride);
+      _tile_loadd(2, xg + b * kInterleavedBlockBytes, 64);
+      _tile_zero(0);
+      _tile_dpbssd(0, 1, 2);
+      if (second) {
+        const size_t b2 = b + 16;
+        _tile_loadd(4, w + b2 * kBlockBytes + 2, w_stride);
+        _tile_loadd(5, xg + b2 * kInterleavedBlockBytes, 64);
+        _tile_zero(3);
+        _tile_dpbssd(3, 4, 5);
+      }
+      _tile_stored(0, sums[0], 64);
+      add_block(sums[0], dw + 16 * b, _mm512_loadu_ps(dx + 16 * b), lane);
+      if (second) {
+        _tile_stored(3, sums[1], 64);
+        add_block(sums[1], dw + 16 * (b + 16), _mm512_loadu_ps(dx + 16 * (b + 16)), lane);
+      }
+    }
+    for (int m = 0; m < 16; ++m) lanes[l][m] = lane[m];
+  }
+}
+
+#pragma GCC pop_options
+
+}  // namespace
+
+bool amx_available() {
+  static const bool available = cpu_has_amx_int8() && request_tile_state();
+  return available;
+}
+
+namespace {
+
+std::atomic<bool>& amx_switch() {
+  static std::atomic<bool> on = [] {
+    const char* setting = std::getenv("KVCACHE_AMX");
+    return setting == nullptr || std::strcmp(setting, "0") != 0;
+  }();
+  return on;
+}
+
+}  // namespace
+
+bool amx_enabled() {
+  return amx_switch().load(std::memory_order_relaxed) && amx_available();
+}
+
+void set_amx_enabled(bool enabled) {
+  amx_switch().store(enabled, std::memory_order_relaxed);
+}
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+
+void gemm_q8_0_amx(const void* w, size_t w_stride, size_t n_w, const void* x, size_t x_stride,
+                   size_t n_x, size_t n, float* y, size_t y_stride) {
+  configure_tiles();
+  const size_t blocks = n / 32;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  size_t group_bytes = 0;
+  const uint8_t* xg =
+      interleave_rows(static_cast<const uint8_t*>(x), x_stride, n_x, blocks, &group_bytes);
+  auto* dw = reinterpret_cast<float*>(gemm_weight_scratch(blocks * 16 * sizeof(float)));
+  __m512 lanes[16][16];
+  for (size_t c0 = 0; c0 < n_w; c0 += 16) {
+    const uint8_t* rows = wb + c0 * w_stride;
+    for (size_t b = 0; b < blocks; ++b) {
+      for (size_t m = 0; m < 16; ++m) {
+        const auto* row = reinterpret_cast<const BlockQ8_0*>(rows + m * w_stride);
+        dw[16 * b + m] = _cvtsh_ss(row[b].d);
+      }
+    }
+    for (size_t g = 0; g < n_x / 16; ++g) {
+      tile_lanes(rows, w_stride, dw, xg + g * group_bytes, blocks, lanes);
+      // hsum512's additions, lane by lane across the 16 x 16 outputs: fold 8, 4, 2, 1.
+      for (int width = 16; width > 1; width /= 2) {
+        for (int l = 0; l < width / 2; ++l) {
+          for (int m = 0; m < 16; ++m) {
+            lanes[l][m] = _mm512_add_ps(lanes[l][m], lanes[l + width / 2][m]);
+          }
+        }
+      }
+      alignas(64) float out[16][16];
+      for (int m = 0; m < 16; ++m) _mm512_store_ps(out[m], lanes[0][m]);
+      for (size_t r = 0; r < 16; ++r) {
+        float* y_row = y + (16 * g + r) * y_stride + c0;
+        for (size_t m = 0; m < 16; ++m) y_row[m] = out[m][r];
+      }
+    }
+  }
+}
+
+#pragma GCC pop_options
+
+}  // namespace kvc::kernels
