@@ -250,99 +250,146 @@ struct Q8Tile {
     return b + 1 < blocks ? pair_signed(a[b], a[b + 1]) : _mm512_castsi256_si512(load256(a[b].qs));
   }
 
-  // A prepared activation row: its n values in block order, then -128 times each four's sum
-  // (n / 4 int32), then each block's scale as a float.
-  struct PreparedRow {
-    const int8_t* values;
-    const int32_t* bias;
-    const float* scales;
-    PreparedRow(const uint8_t* row, size_t n)
-        : values(reinterpret_cast<const int8_t*>(row)),
-          bias(reinterpret_cast<const int32_t*>(row + n)),
-          scales(reinterpret_cast<const float*>(row + 2 * n)) {}
+  // A prepared activation row, per group of 16 blocks: eight vectors, vector k's lane l the
+  // values 4k..4k+3 of block l of the group; then -128 times each block's sum of values; then
+  // the blocks' scales as floats (blocks past the row: zero values, sums and scales). So that
+  // eight dpbusd into one accumulator give lane l block l's whole sum, with no folding.
+  struct GroupX {
+    int8_t values[8][64];
+    int32_t bias[16];
+    float scales[16];
   };
 
   static const uint8_t* prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
                                 size_t* stride) {
     const size_t blocks = n / 32;
-    *stride = (2 * n + blocks * sizeof(float) + 63) / 64 * 64;
+    const size_t groups = (blocks + 15) / 16;
+    *stride = groups * sizeof(GroupX);
     uint8_t* out = gemm_scratch(*stride * n_x);
     for (size_t r = 0; r < n_x; ++r) {
       const auto* b = row_at<BlockQ8_0>(x, x_stride, static_cast<int>(r));
-      uint8_t* row = out + r * *stride;
-      auto* scales = reinterpret_cast<float*>(row + 2 * n);
-      for (size_t i = 0; i < blocks; ++i) {
-        const __m256i v = load256(b[i].qs);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + 32 * i), v);
-        const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), v);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + n + 32 * i),
-                            _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sums, 7)));
-        scales[i] = half(b[i].d);
+      auto* gx = reinterpret_cast<GroupX*>(out + r * *stride);
+      for (size_t g = 0; g < groups; ++g) {
+        for (size_t l = 0; l < 16; ++l) {
+          const size_t i = 16 * g + l;
+          int32_t sum = 0;
+          for (size_t k = 0; k < 8; ++k) {
+            for (size_t e = 0; e < 4; ++e) {
+              const int8_t v = i < blocks ? b[i].qs[4 * k + e] : 0;
+              gx[g].values[k][4 * l + e] = v;
+              sum += v;
+            }
+          }
+          gx[g].bias[l] = -128 * sum;
+          gx[g].scales[l] = i < blocks ? half(b[i].d) : 0.0f;
+        }
       }
     }
     return out;
+  }
+
+  // The permutes' indices, lane by lane (see transposed_weights).
+  struct TransposeIndex {
+    __m512i first[2], second[2], third[2];
+    TransposeIndex() {
+      alignas(64) int32_t idx[16];
+      for (int a = 0; a < 2; ++a) {
+        // lane 4 k2 + 2 p + h <- pair p's dword 8 h + 4 a + k2
+        for (int k2 = 0; k2 < 4; ++k2)
+          for (int pp = 0; pp < 2; ++pp)
+            for (int h = 0; h < 2; ++h) idx[4 * k2 + 2 * pp + h] = 16 * pp + 8 * h + 4 * a + k2;
+        first[a] = _mm512_load_si512(idx);
+      }
+      for (int b = 0; b < 2; ++b) {
+        // lane 8 k3 + 4 q + 2 p + h <- v of pair-pair q: lane 4 (2 b + k3) + 2 p + h
+        for (int k3 = 0; k3 < 2; ++k3)
+          for (int q = 0; q < 2; ++q)
+            for (int pp = 0; pp < 2; ++pp)
+              for (int h = 0; h < 2; ++h)
+                idx[8 * k3 + 4 * q + 2 * pp + h] = 16 * q + 4 * (2 * b + k3) + 2 * pp + h;
+        second[b] = _mm512_load_si512(idx);
+      }
+      for (int c = 0; c < 2; ++c) {
+        // lane l (block l) <- half l / 8's lane 8 c + l % 8
+        for (int l = 0; l < 16; ++l) idx[l] = 16 * (l / 8) + 8 * c + l % 8;
+        third[c] = _mm512_load_si512(idx);
+      }
+    }
+  };
+  // Built on first use: only where the AVX-512 kernels run.
+  static const TransposeIndex& transpose_index() {
+    static const TransposeIndex index;
+    return index;
+  }
+
+  // Sixteen blocks of one weight row from block g on (fewer at a row's end: the rest zero), as
+  // GroupX lays values out: t[k] lane l holds values 4k..4k+3 of block g + l, offset to
+  // unsigned (+128).
+  static void transposed_weights(const BlockQ8_0* a, size_t g, size_t blocks,
+                                 const TransposeIndex& index, __m512i (&t)[8]) {
+    __m512i p[8];
+    for (int i = 0; i < 8; ++i) {
+      const size_t b = g + 2 * static_cast<size_t>(i);
+      p[i] = b < blocks ? pair_at(a, b, blocks) : _mm512_setzero_si512();
+    }
+    // p[i] dword d holds block 2i + d / 8, dword d % 8. Three rounds of two-source permutes:
+    // by k's high bit, then its middle bit, then its low bit (TransposeIndex).
+    __m512i v[8];
+    for (int q = 0; q < 4; ++q) {
+      for (int a = 0; a < 2; ++a) {
+        v[2 * q + a] = _mm512_permutex2var_epi32(p[2 * q], index.first[a], p[2 * q + 1]);
+      }
+    }
+    __m512i u[8];  // u[4 s + 2 a + b]
+    for (int s2 = 0; s2 < 2; ++s2) {
+      for (int a = 0; a < 2; ++a) {
+        for (int b = 0; b < 2; ++b) {
+          u[4 * s2 + 2 * a + b] = _mm512_permutex2var_epi32(v[2 * (2 * s2) + a], index.second[b],
+                                                            v[2 * (2 * s2 + 1) + a]);
+        }
+      }
+    }
+    const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
+    for (int a = 0; a < 2; ++a) {
+      for (int b = 0; b < 2; ++b) {
+        for (int c = 0; c < 2; ++c) {
+          t[4 * a + 2 * b + c] = _mm512_xor_si512(
+              _mm512_permutex2var_epi32(u[2 * a + b], index.third[c], u[4 + 2 * a + b]), offset);
+        }
+      }
+    }
   }
 
   template <int MR, int NR>
   static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
                    size_t ys) {
     const BlockQ8_0* a[NR];
+    const GroupX* gx[MR];
     for (int j = 0; j < NR; ++j) a[j] = row_at<BlockQ8_0>(w, ws, j);
-    const int8_t* xv[MR];
-    const int32_t* xb[MR];
-    const float* xd[MR];
-    for (int r = 0; r < MR; ++r) {
-      const PreparedRow p(x + r * xs, n);
-      xv[r] = p.values;
-      xb[r] = p.bias;
-      xd[r] = p.scales;
-    }
+    for (int r = 0; r < MR; ++r) gx[r] = row_at<GroupX>(x, xs, r);
     const size_t blocks = n / 32;
+    const TransposeIndex& index = transpose_index();
     __m512 acc[MR][NR];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_setzero_ps();
     for (size_t g = 0; g < blocks; g += 16) {
       const size_t count = blocks - g < 16 ? blocks - g : 16;
-      const __mmask16 present = tail_mask(count);
-      __m512 dx[MR];
-      for (int r = 0; r < MR; ++r) dx[r] = _mm512_maskz_loadu_ps(present, xd[r] + g);
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
+        __m512i wu[8];
+        transposed_weights(a[j], g, blocks, index, wu);
         const __m512 dw = gather_scales(&a[j][g].d, sizeof(BlockQ8_0), count);
-        __m512i half_sums[MR][2];
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; ++h) {
-          __m512i wu[4];
-          for (int p = 0; p < 4; ++p) {
-            const size_t b = g + 8 * h + 2 * p;
-            wu[p] = b < blocks ? _mm512_xor_si512(pair_at(a[j], b, blocks),
-                                                  _mm512_set1_epi8(static_cast<char>(0x80)))
-                               : _mm512_setzero_si512();
-          }
-#pragma GCC unroll 8
-          for (int r = 0; r < MR; ++r) {
-            __m512i d[4];
-            for (int p = 0; p < 4; ++p) {
-              const size_t b = g + 8 * h + 2 * p;
-              if (b + 1 < blocks) {
-                d[p] = _mm512_dpbusd_epi32(_mm512_loadu_si512(xb[r] + 8 * b), wu[p],
-                                           _mm512_loadu_si512(xv[r] + 32 * b));
-              } else if (b < blocks) {  // the last block alone: its pair's upper half is zero
-                const __m512i bias = _mm512_maskz_loadu_epi32(0x00ff, xb[r] + 8 * b);
-                const __m512i values = _mm512_maskz_loadu_epi64(0x0f, xv[r] + 32 * b);
-                d[p] = _mm512_maskz_dpbusd_epi32(0x00ff, bias, wu[p], values);
-              } else {
-                d[p] = _mm512_setzero_si512();
-              }
-            }
-            half_sums[r][h] = fold_four_pairs(d);
-          }
-        }
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
-          const __m512i sums = fold_pairs(half_sums[r][0], half_sums[r][1]);
-          acc[r][j] =
-              _mm512_fmadd_ps(_mm512_mul_ps(dw, dx[r]), _mm512_cvtepi32_ps(sums), acc[r][j]);
+          const GroupX& px = gx[r][g / 16];
+          // Exact int32 sums of each block: sum (w + 128) x - 128 sum x.
+          __m512i sums = _mm512_load_si512(px.bias);
+#pragma GCC unroll 8
+          for (int k = 0; k < 8; ++k) {
+            sums = _mm512_dpbusd_epi32(sums, wu[k], _mm512_load_si512(px.values[k]));
+          }
+          const __m512 scale = _mm512_mul_ps(dw, _mm512_load_ps(px.scales));
+          acc[r][j] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sums), acc[r][j]);
         }
       }
     }
