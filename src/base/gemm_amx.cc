@@ -96,40 +96,64 @@ inline void add_block(const int32_t (&sums)[16][16], const float* dw, __m512 dx,
   }
 }
 
-// One group of 16 weight rows (their scales as floats in dw, 16 per block) against one group of
-// 16 activation rows: lanes[l][m] = row m's lane l (16 activation rows' values).
-void tile_lanes(const uint8_t* w, size_t w_stride, const float* dw, const uint8_t* xg,
-                size_t blocks, __m512 (&lanes)[16][16]) {
+// Loads block b's weight tile (from the repacked rows: 16 rows of 32 bytes) and activation
+// tile into tiles A and B and multiplies them into the cleared tile C.
+#define KVC_AMX_BLOCK_PRODUCT(C, A, B, weights, xg, b)          \
+  do {                                                          \
+    _tile_loadd(A, (weights) + (b)*kInterleavedBlockBytes, 32); \
+    _tile_loadd(B, (xg) + (b)*kInterleavedBlockBytes, 64);      \
+    _tile_zero(C);                                              \
+    _tile_dpbssd(C, A, B);                                      \
+  } while (0)
+
+// One group of 16 weight rows (repacked: block after block, 16 rows of 32 bytes; their scales
+// as floats in dw, 16 per block) against one group of 16 activation rows: lanes[l][m] = row m's
+// lane l (16 activation rows' values). Blocks go lane by lane (l, l + 16, ... for each l), one
+// product ahead in a second set of tiles, so that each multiply runs while the previous
+// block's sums are scaled.
+void tile_lanes(const uint8_t* weights, const float* dw, const uint8_t* xg, size_t blocks,
+                __m512 (&lanes)[16][16]) {
   const auto* dx = reinterpret_cast<const float*>(xg + blocks * kInterleavedBlockBytes);
-  alignas(64) int32_t sums[2][16][16];
-  for (size_t l = 0; l < 16; ++l) {
-    __m512 lane[16];
-    for (__m512& v : lane) v = _mm512_setzero_ps();
-    // Blocks l, l + 16, ... in increasing order, two at a time in two sets of tiles so that
-    // the second's multiply runs while the first's sums are scaled.
-    for (size_t b = l; b < blocks; b += 32) {
-      const bool second = b + 16 < blocks;
-      _tile_loadd(1, w + b * kBlockBytes + 2, w_stride);
-      _tile_loadd(2, xg + b * kInterleavedBlockBytes, 64);
-      _tile_zero(0);
-      _tile_dpbssd(0, 1, 2);
-      if (second) {
-        const size_t b2 = b + 16;
-        _tile_loadd(4, w + b2 * kBlockBytes + 2, w_stride);
-        _tile_loadd(5, xg + b2 * kInterleavedBlockBytes, 64);
-        _tile_zero(3);
-        _tile_dpbssd(3, 4, 5);
-      }
-      _tile_stored(0, sums[0], 64);
-      add_block(sums[0], dw + 16 * b, _mm512_loadu_ps(dx + 16 * b), lane);
-      if (second) {
-        _tile_stored(3, sums[1], 64);
-        add_block(sums[1], dw + 16 * (b + 16), _mm512_loadu_ps(dx + 16 * (b + 16)), lane);
+  alignas(64) int32_t sums[16][16];
+  // The order of blocks: lane 0's, then lane 1's, ...
+  const size_t lanes_used = blocks < 16 ? blocks : 16;
+  size_t lane = 0, block = 0;  // the block whose product is in flight, and its lane
+  __m512 acc[16];
+  for (__m512& v : acc) v = _mm512_setzero_ps();
+  const auto next_block = [&](size_t& l, size_t& b) {
+    b += 16;
+    if (b >= blocks) b = ++l;
+  };
+  KVC_AMX_BLOCK_PRODUCT(0, 1, 2, weights, xg, block);
+  bool in_first = true;
+  while (lane < lanes_used) {
+    size_t next_lane = lane, next = block;
+    next_block(next_lane, next);
+    const bool more = next_lane < lanes_used;
+    if (in_first) {
+      if (more) KVC_AMX_BLOCK_PRODUCT(3, 4, 5, weights, xg, next);
+      _tile_stored(0, sums, 64);
+    } else {
+      if (more) KVC_AMX_BLOCK_PRODUCT(0, 1, 2, weights, xg, next);
+      _tile_stored(3, sums, 64);
+    }
+    add_block(sums, dw + 16 * block, _mm512_loadu_ps(dx + 16 * block), acc);
+    if (next_lane != lane) {
+      for (int m = 0; m < 16; ++m) {
+        lanes[lane][m] = acc[m];
+        acc[m] = _mm512_setzero_ps();
       }
     }
-    for (int m = 0; m < 16; ++m) lanes[l][m] = lane[m];
+    lane = next_lane;
+    block = next;
+    in_first = !in_first;
+  }
+  for (size_t l = lanes_used; l < 16; ++l) {
+    for (int m = 0; m < 16; ++m) lanes[l][m] = _mm512_setzero_ps();
   }
 }
+
+#undef KVC_AMX_BLOCK_PRODUCT
 
 #pragma GCC pop_options
 
@@ -171,18 +195,21 @@ void gemm_q8_0_amx(const void* w, size_t w_stride, size_t n_w, const void* x, si
   size_t group_bytes = 0;
   const uint8_t* xg =
       interleave_rows(static_cast<const uint8_t*>(x), x_stride, n_x, blocks, &group_bytes);
-  auto* dw = reinterpret_cast<float*>(gemm_weight_scratch(blocks * 16 * sizeof(float)));
+  // The 16 weight rows of a group, repacked block after block (16 rows of 32 bytes: one tile
+  // from one contiguous 512 bytes), then their scales as floats (16 per block).
+  uint8_t* repacked = gemm_weight_scratch(blocks * (kInterleavedBlockBytes + 16 * sizeof(float)));
+  auto* dw = reinterpret_cast<float*>(repacked + blocks * kInterleavedBlockBytes);
   __m512 lanes[16][16];
   for (size_t c0 = 0; c0 < n_w; c0 += 16) {
-    const uint8_t* rows = wb + c0 * w_stride;
-    for (size_t b = 0; b < blocks; ++b) {
-      for (size_t m = 0; m < 16; ++m) {
-        const auto* row = reinterpret_cast<const BlockQ8_0*>(rows + m * w_stride);
+    for (size_t m = 0; m < 16; ++m) {
+      const auto* row = reinterpret_cast<const BlockQ8_0*>(wb + (c0 + m) * w_stride);
+      for (size_t b = 0; b < blocks; ++b) {
+        std::memcpy(repacked + b * kInterleavedBlockBytes + 32 * m, row[b].qs, 32);
         dw[16 * b + m] = _cvtsh_ss(row[b].d);
       }
     }
     for (size_t g = 0; g < n_x / 16; ++g) {
-      tile_lanes(rows, w_stride, dw, xg + g * group_bytes, blocks, lanes);
+      tile_lanes(repacked, dw, xg + g * group_bytes, blocks, lanes);
       // hsum512's additions, lane by lane across the 16 x 16 outputs: fold 8, 4, 2, 1.
       for (int width = 16; width > 1; width /= 2) {
         for (int l = 0; l < width / 2; ++l) {
