@@ -18,6 +18,7 @@
 
 #include "base/dtype.h"
 #include "base/gemm_table.h"
+#include "base/prefetch_lines.h"
 
 namespace kvc::kernels {
 namespace {
@@ -96,14 +97,22 @@ inline void add_block(const int32_t (&sums)[16][16], const float* dw, __m512 dx,
   }
 }
 
+// Where block b's weight tile lies: 16 rows of 32 bytes from first + b * block_bytes, stride
+// bytes apart (repacked: 512 and 32; in place in the q8_0 rows: 34 and the row stride).
+struct WeightTiles {
+  const uint8_t* first;
+  size_t block_bytes;
+  size_t stride;
+};
+
 // Loads block b's weight tile (from the repacked rows: 16 rows of 32 bytes) and activation
 // tile into tiles A and B and multiplies them into the cleared tile C.
-#define KVC_AMX_BLOCK_PRODUCT(C, A, B, weights, xg, b)          \
-  do {                                                          \
-    _tile_loadd(A, (weights) + (b)*kInterleavedBlockBytes, 32); \
-    _tile_loadd(B, (xg) + (b)*kInterleavedBlockBytes, 64);      \
-    _tile_zero(C);                                              \
-    _tile_dpbssd(C, A, B);                                      \
+#define KVC_AMX_BLOCK_PRODUCT(C, A, B, weights, xg, b)                               \
+  do {                                                                               \
+    _tile_loadd(A, (weights).first + (b) * (weights).block_bytes, (weights).stride); \
+    _tile_loadd(B, (xg) + (b)*kInterleavedBlockBytes, 64);                           \
+    _tile_zero(C);                                                                   \
+    _tile_dpbssd(C, A, B);                                                           \
   } while (0)
 
 // One group of 16 weight rows (repacked: block after block, 16 rows of 32 bytes; their scales
@@ -111,8 +120,11 @@ inline void add_block(const int32_t (&sums)[16][16], const float* dw, __m512 dx,
 // lane l (16 activation rows' values). Blocks go lane by lane (l, l + 16, ... for each l), one
 // product ahead in a second set of tiles, so that each multiply runs while the previous
 // block's sums are scaled.
-void tile_lanes(const uint8_t* weights, const float* dw, const uint8_t* xg, size_t blocks,
-                __m512 (&lanes)[16][16]) {
+// ahead (ahead_bytes of them, or null) is requested into the second-level cache a slice per
+// block as it goes: the weight rows the following group will read, so that with a single
+// activation group (batched decode) memory is read while the tiles multiply.
+void tile_lanes(const WeightTiles& weights, const float* dw, const uint8_t* xg, size_t blocks,
+                const uint8_t* ahead, size_t ahead_bytes, __m512 (&lanes)[16][16]) {
   const auto* dx = reinterpret_cast<const float*>(xg + blocks * kInterleavedBlockBytes);
   alignas(64) int32_t sums[16][16];
   // The order of blocks: lane 0's, then lane 1's, ...
@@ -138,6 +150,7 @@ void tile_lanes(const uint8_t* weights, const float* dw, const uint8_t* xg, size
       _tile_stored(3, sums, 64);
     }
     add_block(sums, dw + 16 * block, _mm512_loadu_ps(dx + 16 * block), acc);
+    prefetch_lines<2>(ahead, ahead_bytes * block / blocks, ahead_bytes * (block + 1) / blocks);
     if (next_lane != lane) {
       for (int m = 0; m < 16; ++m) {
         lanes[lane][m] = acc[m];
@@ -200,16 +213,42 @@ void gemm_q8_0_amx(const void* w, size_t w_stride, size_t n_w, const void* x, si
   uint8_t* repacked = gemm_weight_scratch(blocks * (kInterleavedBlockBytes + 16 * sizeof(float)));
   auto* dw = reinterpret_cast<float*>(repacked + blocks * kInterleavedBlockBytes);
   __m512 lanes[16][16];
+  const size_t w_bytes = n_w * w_stride;
+  const size_t groups = n_x / 16;
   for (size_t c0 = 0; c0 < n_w; c0 += 16) {
-    for (size_t m = 0; m < 16; ++m) {
-      const auto* row = reinterpret_cast<const BlockQ8_0*>(wb + (c0 + m) * w_stride);
+    const uint8_t* rows = wb + c0 * w_stride;
+    WeightTiles tiles = {repacked, kInterleavedBlockBytes, 32};
+    if (groups == 1) {
+      // One activation group (batched decode): the tiles read the rows in place, and only the
+      // scales are gathered, 16 rows' at a time.
+      tiles = {rows + 2, kBlockBytes, w_stride};
+      const __m512i offsets =
+          _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                             _mm512_set1_epi32(static_cast<int>(w_stride)));
       for (size_t b = 0; b < blocks; ++b) {
+        const __m512i words = _mm512_i32gather_epi32(offsets, rows + b * kBlockBytes, 1);
+        _mm512_storeu_ps(dw + 16 * b, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words)));
+      }
+    }
+    // The rows are read once, in address order (with few activation groups, batched decode,
+    // from memory): each block requests the line kRowStreamAheadBytes on, as decode does.
+    for (size_t m = 0; m < 16 && groups > 1; ++m) {
+      const size_t row_at = (c0 + m) * w_stride;
+      const auto* row = reinterpret_cast<const BlockQ8_0*>(wb + row_at);
+      for (size_t b = 0; b < blocks; ++b) {
+        const size_t ahead = row_at + b * kBlockBytes + kRowStreamAheadBytes;
+        if (ahead < w_bytes) prefetch_line<2>(reinterpret_cast<const char*>(wb + ahead));
         std::memcpy(repacked + b * kInterleavedBlockBytes + 32 * m, row[b].qs, 32);
         dw[16 * b + m] = _cvtsh_ss(row[b].d);
       }
     }
+    const size_t next_begin = (c0 + 16) * w_stride;
+    const size_t next_end =
+        next_begin + 16 * w_stride < w_bytes ? next_begin + 16 * w_stride : w_bytes;
     for (size_t g = 0; g < n_x / 16; ++g) {
-      tile_lanes(repacked, dw, xg + g * group_bytes, blocks, lanes);
+      const bool requests = g == 0 && next_begin < w_bytes;
+      tile_lanes(tiles, dw, xg + g * group_bytes, blocks, requests ? wb + next_begin : nullptr,
+                 requests ? next_end - next_begin : 0, lanes);
       // hsum512's additions, lane by lane across the 16 x 16 outputs: fold 8, 4, 2, 1.
       for (int width = 16; width > 1; width /= 2) {
         for (int l = 0; l < width / 2; ++l) {

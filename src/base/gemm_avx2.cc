@@ -659,13 +659,19 @@ struct GroupedInt {
   // the group's terms.
   template <int MR>
   static void narrow_column(const uint8_t* w, const NarrowQ8_0Rows<MR>& x, size_t n, float* y,
-                            size_t ys) {
+                            size_t ys, const RowStream& stream) {
     const auto* a = reinterpret_cast<const WBlock*>(w);
     const size_t blocks = n / 32;
     float total[MR] = {};
     size_t t = 0;
-    for (; t + 8 <= blocks; t += 8) add_group<MR>(a, x, t, 8, total);
-    if (t < blocks) add_group<MR>(a, x, t, static_cast<int>(blocks - t), total);
+    for (; t + 8 <= blocks; t += 8) {
+      stream.request_bytes(reinterpret_cast<const uint8_t*>(a + t), 8 * sizeof(WBlock));
+      add_group<MR>(a, x, t, 8, total);
+    }
+    if (t < blocks) {
+      stream.request_bytes(reinterpret_cast<const uint8_t*>(a + t), (blocks - t) * sizeof(WBlock));
+      add_group<MR>(a, x, t, static_cast<int>(blocks - t), total);
+    }
     for (int r = 0; r < MR; ++r) y[r * ys] = total[r];
   }
 
@@ -677,10 +683,7 @@ struct GroupedInt {
     for (int r = 0; r < MR; ++r) rows[r] = x + r * xs;
     const NarrowQ8_0Rows<MR> prepared(rows, n);
     const RowStream stream = {w, ws, w + n_w * ws};
-    for (size_t c = 0; c < n_w; ++c) {
-      stream.request(c);
-      narrow_column<MR>(w + c * ws, prepared, n, y + c, ys);
-    }
+    for (size_t c = 0; c < n_w; ++c) narrow_column<MR>(w + c * ws, prepared, n, y + c, ys, stream);
   }
 
   // tile<MR> for MR activation rows against every group of a chunk, pass `pass` of them, each

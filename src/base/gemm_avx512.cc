@@ -408,7 +408,7 @@ struct Q8Tile {
   // as dpbusd's unsigned operand.)
   template <int MR>
   static void narrow_column(const uint8_t* w, const uint8_t* const (&x)[MR], size_t n, float* y,
-                            size_t ys) {
+                            size_t ys, const RowStream& stream) {
     const auto* a = reinterpret_cast<const BlockQ8_0*>(w);
     const NarrowQ8_0Rows<MR> rows(x, n);
     const int8_t* const(&xv)[MR] = rows.values;
@@ -419,6 +419,7 @@ struct Q8Tile {
     for (size_t g = 0; g < blocks; g += 16) {
       const size_t count = blocks - g < 16 ? blocks - g : 16;
       const __mmask16 present = tail_mask(count);
+      stream.request_bytes(reinterpret_cast<const uint8_t*>(a + g), count * sizeof(BlockQ8_0));
       __m512i half_sums[MR][2];
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {

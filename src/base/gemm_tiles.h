@@ -38,28 +38,28 @@ struct NextChunk {
   }
 };
 
-// Decode reads each weight row once, in address order. On Intel's server cores the hardware
-// prefetchers stay too little ahead of that one stream (Xeon with AVX-512 and AMX, TinyLlama
-// q8_0 on 2 threads: 16.0 t/s without requests, 22.4 with them), so each row, as it starts,
-// requests the bytes about kRowStreamAheadBytes further into the second-level cache (written
-// out: prefetch_lines.h). An earlier session found such requests no gain on Zen 4, but GCC may
-// have deleted the ones it measured: that machine is not measured again here.
-constexpr size_t kRowStreamAheadBytes = 8 * 1024;
-
-// The weight rows of one call read once each in address order: request(c) asks for row c's
-// span moved kRowStreamAheadBytes on, within the call's rows. Empty (end null) when the rows
-// are read more than once, where NextChunk requests instead.
+// Decode reads each weight row once, in address order: RowStream requests the bytes
+// kRowStreamAheadBytes (prefetch_lines.h) past those being read.
+// The weight rows of one call read once each in address order, [w, end): requests the bytes
+// kRowStreamAheadBytes past those being read, within the call's rows. Empty (end null) when the
+// rows are read more than once, where NextChunk requests instead.
 struct RowStream {
-  const uint8_t* w;
-  size_t w_stride;
-  const uint8_t* end;
+  const uint8_t* w = nullptr;
+  size_t w_stride = 0;
+  const uint8_t* end = nullptr;
 
-  void request(size_t c) const {
+  // Row c's span, moved on: for kernels that read a row in one go.
+  void request(size_t c) const { request_bytes(w + c * w_stride, w_stride); }
+
+  // The `bytes` from `at` (inside the rows), moved on: for kernels that spread their requests
+  // over a row as they read it, a few lines at a time, instead of a burst of a row's lines
+  // that fills the core's miss buffers ahead of its own loads.
+  void request_bytes(const uint8_t* at, size_t bytes) const {
     if (end == nullptr) return;
     const size_t total = static_cast<size_t>(end - w);
-    const size_t begin = c * w_stride + kRowStreamAheadBytes;
+    const size_t begin = static_cast<size_t>(at - w) + kRowStreamAheadBytes;
     if (begin >= total) return;
-    const size_t stop = begin + w_stride;
+    const size_t stop = begin + bytes;
     kvc::kernels::prefetch_lines<2>(w, begin, stop < total ? stop : total);
   }
 };
@@ -124,7 +124,8 @@ void gemm_rest_rows(size_t rows, const uint8_t* w, size_t w_stride, size_t c_beg
 }
 
 // Calls of MR <= kGemmNarrowRows activation rows, weight row after weight row in address order,
-// through K::narrow_column<MR>(w_row, x_rows, n, y_column, y_stride): the activation rows as
+// through K::narrow_column<MR>(w_row, x_rows, n, y_column, y_stride, stream), which requests
+// its row's bytes ahead through the stream as it reads them: the activation rows as
 // given, or as K::narrow_prepare(x, x_stride, n_x, n, &stride) rewrites them where the kernel
 // has one (not prepare()'s layout); every value's bits those of the tiles.
 template <class K, int MR>
@@ -137,8 +138,7 @@ void gemm_narrow(const uint8_t* w, size_t w_stride, size_t n_w, const uint8_t* x
   for (int r = 0; r < MR; ++r) rows[r] = x + r * x_stride;
   const RowStream stream = {w, w_stride, w + n_w * w_stride};
   for (size_t c = 0; c < n_w; ++c) {
-    stream.request(c);
-    K::template narrow_column<MR>(w + c * w_stride, rows, n, y + c, y_stride);
+    K::template narrow_column<MR>(w + c * w_stride, rows, n, y + c, y_stride, stream);
   }
 }
 
@@ -152,7 +152,7 @@ void gemm_tiled(const void* w, size_t w_stride, size_t n_w, const void* x, size_
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* xb = static_cast<const uint8_t*>(x);
   if constexpr (requires(const uint8_t* const(&one)[1]) {
-                  K::template narrow_column<1>(wb, one, n, y, y_stride);
+                  K::template narrow_column<1>(wb, one, n, y, y_stride, RowStream{});
                 }) {
     switch (n_x) {
       case 1:
