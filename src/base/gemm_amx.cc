@@ -55,6 +55,8 @@ constexpr size_t kInterleavedBlockBytes = 16 * 32;  // one activation tile: 16 r
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 
+#include "base/gather_scales_avx512.h"
+
 void configure_tiles() {
   thread_local bool configured = false;
   if (configured) return;
@@ -222,12 +224,8 @@ void gemm_q8_0_amx(const void* w, size_t w_stride, size_t n_w, const void* x, si
       // One activation group (batched decode): the tiles read the rows in place, and only the
       // scales are gathered, 16 rows' at a time.
       tiles = {rows + 2, kBlockBytes, w_stride};
-      const __m512i offsets =
-          _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                             _mm512_set1_epi32(static_cast<int>(w_stride)));
       for (size_t b = 0; b < blocks; ++b) {
-        const __m512i words = _mm512_i32gather_epi32(offsets, rows + b * kBlockBytes, 1);
-        _mm512_storeu_ps(dw + 16 * b, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words)));
+        _mm512_storeu_ps(dw + 16 * b, gather_scales(rows + b * kBlockBytes, w_stride, 16));
       }
     }
     // The rows are read once, in address order (with few activation groups, batched decode,

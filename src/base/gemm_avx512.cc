@@ -29,6 +29,8 @@ namespace {
 
 #include "base/gemm_narrow_rows.h"
 
+#include "base/gather_scales_avx512.h"
+
 #include "base/quant_unpack.h"
 
 // The K tiles load unpacked bytes 64 at a time.
@@ -215,18 +217,6 @@ inline __m512i fold_pairs(__m512i a, __m512i b) {
 // folded four pairs at a time: half[0] holds blocks 0-7 at two lanes each, half[1] blocks 8-15.
 inline __m512i fold_four_pairs(const __m512i (&d)[4]) {
   return fold_pairs(fold_pairs(d[0], d[1]), fold_pairs(d[2], d[3]));
-}
-
-// Sixteen weight rows' (or one row's sixteen blocks') f16 scales as floats, `count` of them from
-// the block at `first` on, blocks `stride` bytes apart; lanes from count on are zero.
-inline __m512 gather_scales(const uint16_t* first, size_t stride, size_t count) {
-  const __m512i offsets =
-      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                         _mm512_set1_epi32(static_cast<int>(stride)));
-  // Four bytes from each scale: the scale and the block's first two values, dropped below.
-  const __m512i words =
-      _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), tail_mask(count), offsets, first, 1);
-  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
 }
 
 // q8_0 weights against q8_0 activations. Every path sums in one order, documented by the
