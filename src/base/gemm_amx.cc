@@ -107,8 +107,8 @@ struct WeightTiles {
   size_t stride;
 };
 
-// Loads block b's weight tile (from the repacked rows: 16 rows of 32 bytes) and activation
-// tile into tiles A and B and multiplies them into the cleared tile C.
+// Loads block b's weight tile (where `weights` says) and activation tile into tiles A and B
+// and multiplies them into the cleared tile C.
 #define KVC_AMX_BLOCK_PRODUCT(C, A, B, weights, xg, b)                               \
   do {                                                                               \
     _tile_loadd(A, (weights).first + (b) * (weights).block_bytes, (weights).stride); \
@@ -117,13 +117,12 @@ struct WeightTiles {
     _tile_dpbssd(C, A, B);                                                           \
   } while (0)
 
-// One group of 16 weight rows (repacked: block after block, 16 rows of 32 bytes; their scales
-// as floats in dw, 16 per block) against one group of 16 activation rows: lanes[l][m] = row m's
-// lane l (16 activation rows' values). Blocks go lane by lane (l, l + 16, ... for each l), one
-// product ahead in a second set of tiles, so that each multiply runs while the previous
-// block's sums are scaled.
-// ahead (ahead_bytes of them, or null) is requested into the second-level cache a slice per
-// block as it goes: the weight rows the following group will read, so that with a single
+// One group of 16 weight rows (their tiles where `weights` says, their scales as floats in dw,
+// 16 per block) against one group of 16 activation rows: lanes[l][m] = row m's lane l (16
+// activation rows' values). Blocks go lane by lane (l, l + 16, ... for each l), one product
+// ahead in a second set of tiles, so that each multiply runs while the previous block's sums
+// are scaled. `ahead` (ahead_bytes of it, or null) is requested into the second-level cache a
+// slice per block: the weight rows the following group will read, so that with a single
 // activation group (batched decode) memory is read while the tiles multiply.
 void tile_lanes(const WeightTiles& weights, const float* dw, const uint8_t* xg, size_t blocks,
                 const uint8_t* ahead, size_t ahead_bytes, __m512 (&lanes)[16][16]) {

@@ -38,11 +38,10 @@ struct NextChunk {
   }
 };
 
-// Decode reads each weight row once, in address order: RowStream requests the bytes
-// kRowStreamAheadBytes (prefetch_lines.h) past those being read.
-// The weight rows of one call read once each in address order, [w, end): requests the bytes
-// kRowStreamAheadBytes past those being read, within the call's rows. Empty (end null) when the
-// rows are read more than once, where NextChunk requests instead.
+// The weight rows of one call, [w, end), read once each in address order (decode): requests
+// the bytes kRowStreamAheadBytes (prefetch_lines.h) past those being read, within the call's
+// rows. Empty (end null) when the rows are read more than once, where NextChunk requests
+// instead.
 struct RowStream {
   const uint8_t* w = nullptr;
   size_t w_stride = 0;

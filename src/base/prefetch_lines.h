@@ -10,8 +10,8 @@ namespace kvc::kernels {
 // How far ahead of a stream of weight rows read once each (decode) their bytes are requested
 // into the second-level cache. On Intel's server cores the hardware prefetchers stay too little
 // ahead of one such stream (Xeon with AVX-512 and AMX, TinyLlama q8_0 decode on 2 threads: 16.0
-// t/s without requests, 22.0 with them 4 KiB ahead, 21.1 at 8 KiB, 21.8-22.8 at 2 KiB, where the
-// 110M shape, read from the third-level cache, fell from 265 to 189 t/s). An earlier session
+// t/s without requests, 22.0 with them 4 KiB ahead, 21.1 at 8 KiB, 21.8-22.8 at 2 KiB; but at
+// 2 KiB the 110M shape, read from the third-level cache, fell from 265 to 189). An earlier session
 // found such requests no gain on Zen 4, but GCC may have deleted the ones it measured (below):
 // that machine is not measured again here.
 constexpr size_t kRowStreamAheadBytes = 4 * 1024;
