@@ -18,6 +18,7 @@
 
 #include "base/dtype.h"
 #include "base/gemm_table.h"
+#include "base/kernels.h"
 #include "base/prefetch_lines.h"
 
 namespace kvc::kernels {
@@ -194,7 +195,7 @@ bool amx_enabled() {
   return amx_switch().load(std::memory_order_relaxed) && amx_available();
 }
 
-void set_amx_enabled(bool enabled) {
+void set_amx(bool enabled) {
   amx_switch().store(enabled, std::memory_order_relaxed);
 }
 
@@ -226,23 +227,21 @@ void gemm_q8_0_amx(const void* w, size_t w_stride, size_t n_w, const void* x, si
       for (size_t b = 0; b < blocks; ++b) {
         _mm512_storeu_ps(dw + 16 * b, gather_scales(rows + b * kBlockBytes, w_stride, 16));
       }
-    }
-    // The rows are read once, in address order (with few activation groups, batched decode,
-    // from memory): each block requests the line kRowStreamAheadBytes on, as decode does.
-    for (size_t m = 0; m < 16 && groups > 1; ++m) {
-      const size_t row_at = (c0 + m) * w_stride;
-      const auto* row = reinterpret_cast<const BlockQ8_0*>(wb + row_at);
-      for (size_t b = 0; b < blocks; ++b) {
-        const size_t ahead = row_at + b * kBlockBytes + kRowStreamAheadBytes;
-        if (ahead < w_bytes) prefetch_line<2>(reinterpret_cast<const char*>(wb + ahead));
-        std::memcpy(repacked + b * kInterleavedBlockBytes + 32 * m, row[b].qs, 32);
-        dw[16 * b + m] = _cvtsh_ss(row[b].d);
+    } else {
+      // Several groups read each tile: repacked once, from the second-level cache (the previous
+      // group's first tile_lanes requested these rows).
+      for (size_t m = 0; m < 16; ++m) {
+        const auto* row = reinterpret_cast<const BlockQ8_0*>(rows + m * w_stride);
+        for (size_t b = 0; b < blocks; ++b) {
+          std::memcpy(repacked + b * kInterleavedBlockBytes + 32 * m, row[b].qs, 32);
+          dw[16 * b + m] = _cvtsh_ss(row[b].d);
+        }
       }
     }
     const size_t next_begin = (c0 + 16) * w_stride;
     const size_t next_end =
         next_begin + 16 * w_stride < w_bytes ? next_begin + 16 * w_stride : w_bytes;
-    for (size_t g = 0; g < n_x / 16; ++g) {
+    for (size_t g = 0; g < groups; ++g) {
       const bool requests = g == 0 && next_begin < w_bytes;
       tile_lanes(tiles, dw, xg + g * group_bytes, blocks, requests ? wb + next_begin : nullptr,
                  requests ? next_end - next_begin : 0, lanes);

@@ -11,9 +11,8 @@ namespace kvc::kernels {
 bool amx_available();
 
 // Whether the AVX-512 q8_0 GEMM takes the AMX tiles: amx_available() and not turned off (by
-// set_amx_enabled(false) or KVCACHE_AMX=0 in the environment).
+// kernels::set_amx(false) or KVCACHE_AMX=0 in the environment).
 bool amx_enabled();
-void set_amx_enabled(bool enabled);
 
 // y[r * y_stride + c] = dot(w_c, x_r) for q8_0 weight rows w_c (n_w of them, a multiple of 16,
 // w_stride bytes apart) and q8_0 activation rows x_r (n_x, a multiple of 16), rows of n values:

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "base/dtype.h"
@@ -219,6 +220,39 @@ inline __m512i fold_four_pairs(const __m512i (&d)[4]) {
   return fold_pairs(fold_pairs(d[0], d[1]), fold_pairs(d[2], d[3]));
 }
 
+// The permutes' indices, lane by lane, of Q8Tile::transposed_weights: plain data, built by the
+// compiler.
+struct TransposeIndex {
+  alignas(64) int32_t first[2][16];
+  alignas(64) int32_t second[2][16];
+  alignas(64) int32_t third[2][16];
+};
+
+constexpr TransposeIndex make_transpose_index() {
+  TransposeIndex t{};
+  for (int a = 0; a < 2; ++a) {
+    // lane 4 k2 + 2 p + h <- pair p's dword 8 h + 4 a + k2
+    for (int k2 = 0; k2 < 4; ++k2)
+      for (int pp = 0; pp < 2; ++pp)
+        for (int h = 0; h < 2; ++h) t.first[a][4 * k2 + 2 * pp + h] = 16 * pp + 8 * h + 4 * a + k2;
+  }
+  for (int b = 0; b < 2; ++b) {
+    // lane 8 k3 + 4 q + 2 p + h <- v of pair-pair q: lane 4 (2 b + k3) + 2 p + h
+    for (int k3 = 0; k3 < 2; ++k3)
+      for (int q = 0; q < 2; ++q)
+        for (int pp = 0; pp < 2; ++pp)
+          for (int h = 0; h < 2; ++h)
+            t.second[b][8 * k3 + 4 * q + 2 * pp + h] = 16 * q + 4 * (2 * b + k3) + 2 * pp + h;
+  }
+  for (int c = 0; c < 2; ++c) {
+    // lane l (block l) <- half l / 8's lane 8 c + l % 8
+    for (int l = 0; l < 16; ++l) t.third[c][l] = 16 * (l / 8) + 8 * c + l % 8;
+  }
+  return t;
+}
+
+constexpr TransposeIndex kTranspose = make_transpose_index();
+
 // q8_0 weights against q8_0 activations. Every path sums in one order, documented by the
 // reference in gemm_test.cc: block b's 32 products as one exact int32 I_b; lane b % 16 of 16
 // float lanes takes fma(d_w * d_x, I_b, lane), blocks in increasing order; the lanes summed as
@@ -259,64 +293,26 @@ struct Q8Tile {
     for (size_t r = 0; r < n_x; ++r) {
       const auto* b = row_at<BlockQ8_0>(x, x_stride, static_cast<int>(r));
       auto* gx = reinterpret_cast<GroupX*>(out + r * *stride);
-      for (size_t g = 0; g < groups; ++g) {
-        for (size_t l = 0; l < 16; ++l) {
-          const size_t i = 16 * g + l;
-          int32_t sum = 0;
-          for (size_t k = 0; k < 8; ++k) {
-            for (size_t e = 0; e < 4; ++e) {
-              const int8_t v = i < blocks ? b[i].qs[4 * k + e] : 0;
-              gx[g].values[k][4 * l + e] = v;
-              sum += v;
-            }
-          }
-          gx[g].bias[l] = -128 * sum;
-          gx[g].scales[l] = i < blocks ? half(b[i].d) : 0.0f;
-        }
+      if (blocks % 16 != 0) {  // blocks past the row: zero values, sums and scales
+        std::memset(&gx[groups - 1], 0, sizeof(GroupX));
+      }
+      for (size_t i = 0; i < blocks; ++i) {
+        GroupX& group = gx[i / 16];
+        const size_t l = i % 16;
+        for (size_t k = 0; k < 8; ++k) std::memcpy(&group.values[k][4 * l], b[i].qs + 4 * k, 4);
+        const __m256i sums4 =
+            _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), load256(b[i].qs));
+        group.bias[l] = -128 * _mm512_reduce_add_epi32(_mm512_zextsi256_si512(sums4));
+        group.scales[l] = half(b[i].d);
       }
     }
     return out;
   }
 
-  // The permutes' indices, lane by lane (see transposed_weights).
-  struct TransposeIndex {
-    __m512i first[2], second[2], third[2];
-    TransposeIndex() {
-      alignas(64) int32_t idx[16];
-      for (int a = 0; a < 2; ++a) {
-        // lane 4 k2 + 2 p + h <- pair p's dword 8 h + 4 a + k2
-        for (int k2 = 0; k2 < 4; ++k2)
-          for (int pp = 0; pp < 2; ++pp)
-            for (int h = 0; h < 2; ++h) idx[4 * k2 + 2 * pp + h] = 16 * pp + 8 * h + 4 * a + k2;
-        first[a] = _mm512_load_si512(idx);
-      }
-      for (int b = 0; b < 2; ++b) {
-        // lane 8 k3 + 4 q + 2 p + h <- v of pair-pair q: lane 4 (2 b + k3) + 2 p + h
-        for (int k3 = 0; k3 < 2; ++k3)
-          for (int q = 0; q < 2; ++q)
-            for (int pp = 0; pp < 2; ++pp)
-              for (int h = 0; h < 2; ++h)
-                idx[8 * k3 + 4 * q + 2 * pp + h] = 16 * q + 4 * (2 * b + k3) + 2 * pp + h;
-        second[b] = _mm512_load_si512(idx);
-      }
-      for (int c = 0; c < 2; ++c) {
-        // lane l (block l) <- half l / 8's lane 8 c + l % 8
-        for (int l = 0; l < 16; ++l) idx[l] = 16 * (l / 8) + 8 * c + l % 8;
-        third[c] = _mm512_load_si512(idx);
-      }
-    }
-  };
-  // Built on first use: only where the AVX-512 kernels run.
-  static const TransposeIndex& transpose_index() {
-    static const TransposeIndex index;
-    return index;
-  }
-
   // Sixteen blocks of one weight row from block g on (fewer at a row's end: the rest zero), as
   // GroupX lays values out: t[k] lane l holds values 4k..4k+3 of block g + l, offset to
   // unsigned (+128).
-  static void transposed_weights(const BlockQ8_0* a, size_t g, size_t blocks,
-                                 const TransposeIndex& index, __m512i (&t)[8]) {
+  static void transposed_weights(const BlockQ8_0* a, size_t g, size_t blocks, __m512i (&t)[8]) {
     __m512i p[8];
     for (int i = 0; i < 8; ++i) {
       const size_t b = g + 2 * static_cast<size_t>(i);
@@ -327,14 +323,16 @@ struct Q8Tile {
     __m512i v[8];
     for (int q = 0; q < 4; ++q) {
       for (int a = 0; a < 2; ++a) {
-        v[2 * q + a] = _mm512_permutex2var_epi32(p[2 * q], index.first[a], p[2 * q + 1]);
+        v[2 * q + a] = _mm512_permutex2var_epi32(p[2 * q], _mm512_load_si512(kTranspose.first[a]),
+                                                 p[2 * q + 1]);
       }
     }
     __m512i u[8];  // u[4 s + 2 a + b]
     for (int s2 = 0; s2 < 2; ++s2) {
       for (int a = 0; a < 2; ++a) {
         for (int b = 0; b < 2; ++b) {
-          u[4 * s2 + 2 * a + b] = _mm512_permutex2var_epi32(v[2 * (2 * s2) + a], index.second[b],
+          u[4 * s2 + 2 * a + b] = _mm512_permutex2var_epi32(v[2 * (2 * s2) + a],
+                                                            _mm512_load_si512(kTranspose.second[b]),
                                                             v[2 * (2 * s2 + 1) + a]);
         }
       }
@@ -344,7 +342,9 @@ struct Q8Tile {
       for (int b = 0; b < 2; ++b) {
         for (int c = 0; c < 2; ++c) {
           t[4 * a + 2 * b + c] = _mm512_xor_si512(
-              _mm512_permutex2var_epi32(u[2 * a + b], index.third[c], u[4 + 2 * a + b]), offset);
+              _mm512_permutex2var_epi32(u[2 * a + b], _mm512_load_si512(kTranspose.third[c]),
+                                        u[4 + 2 * a + b]),
+              offset);
         }
       }
     }
@@ -358,7 +358,6 @@ struct Q8Tile {
     for (int j = 0; j < NR; ++j) a[j] = row_at<BlockQ8_0>(w, ws, j);
     for (int r = 0; r < MR; ++r) gx[r] = row_at<GroupX>(x, xs, r);
     const size_t blocks = n / 32;
-    const TransposeIndex& index = transpose_index();
     __m512 acc[MR][NR];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_setzero_ps();
@@ -367,7 +366,7 @@ struct Q8Tile {
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
         __m512i wu[8];
-        transposed_weights(a[j], g, blocks, index, wu);
+        transposed_weights(a[j], g, blocks, wu);
         const __m512 dw = gather_scales(&a[j][g].d, sizeof(BlockQ8_0), count);
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {

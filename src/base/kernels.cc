@@ -121,10 +121,6 @@ bool amx_active() {
   return active_isa() == Isa::kAvx512 && amx_enabled();
 }
 
-void set_amx(bool enabled) {
-  set_amx_enabled(enabled);
-}
-
 std::string kernels_name() {
   return std::string(isa_name(active_isa())) + (amx_active() ? "+amx" : "");
 }
