@@ -486,7 +486,7 @@ struct Q51FourBlocks {
 };
 
 template <class W>
-struct FourBlockTile {
+struct FourBlockTile : StreamedColumns<FourBlockTile<W>> {
   static constexpr int kRows = 4;
   static constexpr int kCols = 4;
   using Block = typename W::Block;
@@ -633,20 +633,30 @@ struct FourBlockTile {
     return out;
   }
 
-  // Weight rows one at a time (each group unpacked once for all MR activation rows); decode's
-  // narrow calls are tiles of one weight row too.
+  using XRow = GroupX;
+
+  // Decode reads prepare()'s rows.
+  static const uint8_t* narrow_prepare(const uint8_t* x, size_t x_stride, size_t n_x, size_t n,
+                                       size_t* stride) {
+    return prepare(x, x_stride, n_x, n, stride);
+  }
+
+  // Weight rows one at a time (each group unpacked once for all MR activation rows), every
+  // kStreamGroups groups of the first row requested ahead through stream (empty but in decode).
+  static constexpr size_t kStreamGroups = 4;
   template <int MR, int NR>
-  static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
-                   size_t ys) {
+  static void columns(const uint8_t* w, size_t ws, const GroupX* const (&b)[MR], size_t n, float* y,
+                      size_t ys, const RowStream& stream) {
     const size_t blocks = n / 32;
     const size_t full = blocks / 4;
-    const GroupX* b[MR];
-    for (int r = 0; r < MR; ++r) b[r] = row_at<GroupX>(x, xs, r);
     __m512 acc[MR][NR];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_setzero_ps();
 #pragma GCC unroll 2
     for (size_t g = 0; g < full; ++g) {
+      if (g % kStreamGroups == 0) {
+        stream.request_bytes(w + g * kGroupBytes, kStreamGroups * kGroupBytes);
+      }
 #pragma GCC unroll 4
       for (int j = 0; j < NR; ++j) {
         const Group wg = load(w + j * ws + g * kGroupBytes);
@@ -742,21 +752,23 @@ struct Direct512<UnpackQ6_K> {
 // sum), joins the output's sum, so the chain carried from one super-block to the next is one
 // addition. The same operations for every output whatever the tile's shape.
 template <class U, int Rows, int Cols>
-struct KQuantTile512 {
+struct KQuantTile512 : StreamedColumns<KQuantTile512<U, Rows, Cols>> {
   static_assert(U::kUnit == 256);
   static constexpr int kRows = Rows;
   static constexpr int kCols = Cols;
   using Block = typename U::Block;
+  using XRow = BlockQ8_K;
 
+  // The tile's sums, each super-block of the first weight row requested ahead through stream
+  // (empty but in decode).
   template <int MR, int NR>
-  static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
-                   size_t ys) {
-    const BlockQ8_K* b[MR];
-    for (int r = 0; r < MR; ++r) b[r] = reinterpret_cast<const BlockQ8_K*>(x + r * xs);
+  static void columns(const uint8_t* w, size_t ws, const BlockQ8_K* const (&b)[MR], size_t n,
+                      float* y, size_t ys, const RowStream& stream) {
     __m512 acc[MR][NR];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_setzero_ps();
     for (size_t s = 0; s < n / 256; ++s) {
+      stream.request_bytes(w + s * sizeof(Block), sizeof(Block));
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
         const Block& block = reinterpret_cast<const Block*>(w + j * ws)[s];

@@ -50,16 +50,41 @@ struct RowStream {
   // Row c's span, moved on: for kernels that read a row in one go.
   void request(size_t c) const { request_bytes(w + c * w_stride, w_stride); }
 
-  // The `bytes` from `at` (inside the rows), moved on: for kernels that spread their requests
-  // over a row as they read it, a few lines at a time, instead of a burst of a row's lines
-  // that fills the core's miss buffers ahead of its own loads.
+  // The lines that start among the `bytes` from `at` (inside the rows), moved on: for kernels
+  // that spread their requests over a row as they read it, a few lines at a time, instead of a
+  // burst of a row's lines that fills the core's miss buffers ahead of its own loads. Spans
+  // that follow each other request each line once.
   void request_bytes(const uint8_t* at, size_t bytes) const {
     if (end == nullptr) return;
-    const size_t total = static_cast<size_t>(end - w);
-    const size_t begin = static_cast<size_t>(at - w) + kRowStreamAheadBytes;
-    if (begin >= total) return;
-    const size_t stop = begin + bytes;
-    kvc::kernels::prefetch_lines<2>(w, begin, stop < total ? stop : total);
+    const uintptr_t from = reinterpret_cast<uintptr_t>(at) + kRowStreamAheadBytes;
+    const uintptr_t last = reinterpret_cast<uintptr_t>(end);
+    const uintptr_t stop = from + bytes < last ? from + bytes : last;
+    for (uintptr_t line = (from + 63) & ~uintptr_t{63}; line < stop; line += 64) {
+      kvc::kernels::prefetch_line<2>(reinterpret_cast<const char*>(line));
+    }
+  }
+};
+
+// The tile and the narrow column of a kernel K whose tiles read activation rows of K::XRow
+// elements, both through K::columns<MR, NR>(w, ws, rows, n, y, ys, stream), which requests
+// the first weight row's bytes through stream as it reads them (an empty stream in the tiles):
+// decode's spread requests with the very operations of the tiles.
+template <class K>
+struct StreamedColumns {
+  template <int MR, int NR>
+  static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
+                   size_t ys) {
+    const typename K::XRow* rows[MR];
+    for (int r = 0; r < MR; ++r) rows[r] = reinterpret_cast<const typename K::XRow*>(x + r * xs);
+    K::template columns<MR, NR>(w, ws, rows, n, y, ys, RowStream{});
+  }
+
+  template <int MR>
+  static void narrow_column(const uint8_t* w, const uint8_t* const (&x)[MR], size_t n, float* y,
+                            size_t ys, const RowStream& stream) {
+    const typename K::XRow* rows[MR];
+    for (int r = 0; r < MR; ++r) rows[r] = reinterpret_cast<const typename K::XRow*>(x[r]);
+    K::template columns<MR, 1>(w, 0, rows, n, y, ys, stream);
   }
 };
 

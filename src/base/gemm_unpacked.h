@@ -234,21 +234,23 @@ inline __m256i offset_sums(const KScales& k, const BlockQ8_K& x) {
 // one super-block to the next is one addition. The same operations for every output whatever
 // the tile's shape.
 template <class U, int Rows, int Cols>
-struct KQuantTile256 {
+struct KQuantTile256 : StreamedColumns<KQuantTile256<U, Rows, Cols>> {
   static_assert(U::kUnit == 256);
   static constexpr int kRows = Rows;
   static constexpr int kCols = Cols;
   using Block = typename U::Block;
+  using XRow = BlockQ8_K;
 
+  // The tile's sums, each super-block of the first weight row requested ahead through stream
+  // (empty but in decode).
   template <int MR, int NR>
-  static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
-                   size_t ys) {
-    const BlockQ8_K* b[MR];
-    for (int r = 0; r < MR; ++r) b[r] = reinterpret_cast<const BlockQ8_K*>(x + r * xs);
+  static void columns(const uint8_t* w, size_t ws, const BlockQ8_K* const (&b)[MR], size_t n,
+                      float* y, size_t ys, const RowStream& stream) {
     __m256 acc[MR][NR];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_setzero_ps();
     for (size_t s = 0; s < n / 256; ++s) {
+      stream.request_bytes(w + s * sizeof(Block), sizeof(Block));
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
         const Block& block = reinterpret_cast<const Block*>(w + j * ws)[s];
