@@ -35,8 +35,9 @@ class ReadBandwidth {
  public:
   // Allocates and fills the array of `bytes`.
   explicit ReadBandwidth(size_t bytes);
-  // GB/s of `passes` reads of the whole array split over the pool's threads: sustained (all the
-  // bytes over all the time, as decode's tokens/s is) and of the fastest pass.
+  // GB/s of `passes` reads of the whole array split over the pool's threads, with plain loads and
+  // again with requests ahead (kernels::read_sum): sustained (all the bytes over all the time, as
+  // decode's tokens/s is) of the faster way, and of the fastest pass.
   struct Rate {
     double sustained = 0.0;
     double fastest = 0.0;

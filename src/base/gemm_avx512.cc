@@ -145,22 +145,28 @@ struct LoadBf16 {
 // f16 and bf16 weights: two accumulators per output over 32-element steps, as
 // dot_f16_f32_avx512 and dot_w_bf16.
 template <class Load>
-struct Half16Tile {
+struct Half16Tile : StreamedColumns<Half16Tile<Load>> {
   static constexpr int kRows = 3;
   static constexpr int kCols = 4;
+  using XRow = float;
 
+  // The tile's sums, every kStreamValues values of the first weight row requested ahead
+  // through stream (empty but in decode).
+  static constexpr size_t kStreamValues = 128;
   template <int MR, int NR>
-  static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
-                   size_t ys) {
+  static void columns(const uint8_t* w, size_t ws, const float* const (&b)[MR], size_t n, float* y,
+                      size_t ys, const RowStream& stream) {
     const uint16_t* a[NR];
-    const float* b[MR];
     for (int j = 0; j < NR; ++j) a[j] = row_at<uint16_t>(w, ws, j);
-    for (int r = 0; r < MR; ++r) b[r] = row_at<float>(x, xs, r);
     __m512 acc[MR][NR][2];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) acc[r][j][0] = acc[r][j][1] = _mm512_setzero_ps();
     size_t i = 0;
     for (; i + 32 <= n; i += 32) {
+      if (i % kStreamValues == 0) {
+        stream.request_bytes(reinterpret_cast<const uint8_t*>(a[0] + i),
+                             kStreamValues * sizeof(uint16_t));
+      }
       step(a, b, i, 0, acc);
       step(a, b, i + 16, 1, acc);
     }

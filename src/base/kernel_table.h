@@ -41,8 +41,9 @@ struct KernelTable {
   float (*softmax_exp)(float* p, size_t n);
   // gate[i] = silu(gate[i]) * up[i] for i < n (softmax_exp.h's silu_times).
   void (*silu_mul)(float* gate, const float* up, size_t n);
-  // The sum of the n 64-bit words at p, read with the instruction set's widest loads.
-  uint64_t (*read_sum)(const uint64_t* p, size_t n);
+  // The sum of the n 64-bit words at p, read with the instruction set's widest loads (and
+  // with request_ahead, requested ahead as its decode kernels request weights).
+  uint64_t (*read_sum)(const uint64_t* p, size_t n, bool request_ahead);
   // Independent multiply-adds of one kind (kernels.h multiply_add_burst).
   uint64_t (*multiply_add_burst)(Arithmetic kind, size_t rounds, uint64_t* checksum);
   // The instruction that burst runs for kind.

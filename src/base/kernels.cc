@@ -167,8 +167,8 @@ void silu_mul(float* gate, const float* up, size_t n) {
   table().silu_mul(gate, up, n);
 }
 
-uint64_t read_sum(const uint64_t* p, size_t n) {
-  return table().read_sum(p, n);
+uint64_t read_sum(const uint64_t* p, size_t n, bool request_ahead) {
+  return table().read_sum(p, n, request_ahead);
 }
 
 Arithmetic gemm_arithmetic(DType wtype) {

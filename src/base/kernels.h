@@ -53,8 +53,11 @@ float softmax_exp(float* p, size_t n);
 // set and wherever an element falls in the array.
 void silu_mul(float* gate, const float* up, size_t n);
 // The sum (mod 2^64) of the n 64-bit words at p, read with the active instruction set's widest
-// loads, as the kernels read weights: the bandwidth probe that decode is measured against.
-uint64_t read_sum(const uint64_t* p, size_t n);
+// loads, as the kernels read weights: the bandwidth probe that decode is measured against. With
+// request_ahead, each line is also requested into the second-level cache kRowStreamAheadBytes
+// (prefetch_lines.h) before it is read, as decode's vector kernels request their weight rows
+// (the scalar kernels request nothing).
+uint64_t read_sum(const uint64_t* p, size_t n, bool request_ahead = false);
 
 // The arithmetic a weight type's matrix products run on: 8-bit integer products summed exactly
 // in int32 (the quantised types, against q8_0 or q8_K activations) or f32 fused multiply-adds

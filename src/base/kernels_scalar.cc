@@ -190,7 +190,7 @@ void silu_mul_scalar(float* gate, const float* up, size_t n) {
 }
 
 // Eight independent sums keep several loads in flight.
-uint64_t read_sum_scalar(const uint64_t* p, size_t n) {
+uint64_t read_sum_scalar(const uint64_t* p, size_t n, bool /*request_ahead*/) {
   uint64_t a[8] = {};
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {

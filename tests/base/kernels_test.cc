@@ -201,19 +201,23 @@ TEST(Kernels, SiluMulIsAccurateAndTheSameOnEveryIsaAndPlace) {
 }
 
 // The bandwidth probe's read: every word counted once (wrapping), whole steps, tails and
-// unaligned starts alike.
+// unaligned starts alike, with and without requests ahead (the longest reads request lines
+// past kRowStreamAheadBytes; none past the end).
 TEST(Kernels, ReadSumAddsEveryWordOnEveryIsa) {
   IsaGuard guard;
   std::vector<uint64_t> words(1001);
   for (size_t i = 0; i < words.size(); ++i) words[i] = (i + 1) * 0x9e3779b97f4a7c15ull;
   for (Isa isa : supported_isas()) {
     kernels::set_isa(isa);
-    for (size_t offset : {0u, 1u}) {
-      for (size_t n : {0u, 1u, 7u, 31u, 32u, 33u, 64u, 999u, 1000u}) {
-        uint64_t want = 0;
-        for (size_t i = offset; i < offset + n; ++i) want += words[i];
-        EXPECT_EQ(kernels::read_sum(words.data() + offset, n), want)
-            << kernels::isa_name(isa) << " n=" << n << " from word " << offset;
+    for (const bool ahead : {false, true}) {
+      for (size_t offset : {0u, 1u}) {
+        for (size_t n : {0u, 1u, 7u, 31u, 32u, 33u, 64u, 999u, 1000u}) {
+          uint64_t want = 0;
+          for (size_t i = offset; i < offset + n; ++i) want += words[i];
+          EXPECT_EQ(kernels::read_sum(words.data() + offset, n, ahead), want)
+              << kernels::isa_name(isa) << " n=" << n << " from word " << offset
+              << (ahead ? " requesting ahead" : "");
+        }
       }
     }
   }
