@@ -75,24 +75,30 @@ struct LoadBf16 {
 // the first, their sum, then a scalar tail; as dot_f32_avx2 (U = 4), dot_f16_f32_avx2 and
 // dot_w_bf16 (U = 2).
 template <class Load, int U, int MRows, int NCols>
-struct FloatTile {
+struct FloatTile : StreamedColumns<FloatTile<Load, U, MRows, NCols>> {
   static constexpr int kRows = MRows;
   static constexpr int kCols = NCols;
   using T = typename Load::T;
+  using XRow = float;
 
+  // The tile's sums, every kStreamBytes of the first weight row requested ahead through stream
+  // (empty but in decode).
+  static constexpr size_t kStreamBytes = 256;
+  static_assert(kStreamBytes / sizeof(T) % (8 * U) == 0);
   template <int MR, int NR>
-  static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
-                   size_t ys) {
+  static void columns(const uint8_t* w, size_t ws, const float* const (&b)[MR], size_t n, float* y,
+                      size_t ys, const RowStream& stream) {
     const T* a[NR];
-    const float* b[MR];
     for (int j = 0; j < NR; ++j) a[j] = row_at<T>(w, ws, j);
-    for (int r = 0; r < MR; ++r) b[r] = row_at<float>(x, xs, r);
     __m256 acc[MR][NR][U];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j)
         for (int u = 0; u < U; ++u) acc[r][j][u] = _mm256_setzero_ps();
     size_t i = 0;
     for (; i + 8 * U <= n; i += 8 * U) {
+      if (i % (kStreamBytes / sizeof(T)) == 0) {
+        stream.request_bytes(reinterpret_cast<const uint8_t*>(a[0] + i), kStreamBytes);
+      }
 #pragma GCC unroll 4
       for (int u = 0; u < U; ++u) step(a, b, i + 8 * u, u, acc);
     }
