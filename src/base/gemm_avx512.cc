@@ -66,23 +66,25 @@ struct HalvesLoad {
 
 // f32 weights: four accumulators per output over 64-element steps, as dot_f32_avx512.
 template <class WLoad>
-struct F32Tile {
+struct F32Tile : StreamedColumns<F32Tile<WLoad>> {
   static constexpr int kRows = 2;
   static constexpr int kCols = 3;
+  using XRow = float;
 
+  // The tile's sums, each 64 values (256 bytes) of the first weight row requested ahead through
+  // stream (empty but in decode).
   template <int MR, int NR>
-  static void tile(const uint8_t* w, size_t ws, const uint8_t* x, size_t xs, size_t n, float* y,
-                   size_t ys) {
+  static void columns(const uint8_t* w, size_t ws, const float* const (&b)[MR], size_t n, float* y,
+                      size_t ys, const RowStream& stream) {
     const float* a[NR];
-    const float* b[MR];
     for (int j = 0; j < NR; ++j) a[j] = row_at<float>(w, ws, j);
-    for (int r = 0; r < MR; ++r) b[r] = row_at<float>(x, xs, r);
     __m512 acc[MR][NR][4];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j)
         for (int u = 0; u < 4; ++u) acc[r][j][u] = _mm512_setzero_ps();
     size_t i = 0;
     for (; i + 64 <= n; i += 64) {
+      stream.request_bytes(reinterpret_cast<const uint8_t*>(a[0] + i), 64 * sizeof(float));
 #pragma GCC unroll 4
       for (int u = 0; u < 4; ++u) step(a, b, i + 16 * u, u, acc);
     }
