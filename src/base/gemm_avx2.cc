@@ -688,7 +688,7 @@ struct GroupedInt {
     const uint8_t* rows[MR];
     for (int r = 0; r < MR; ++r) rows[r] = x + r * xs;
     const NarrowQ8_0Rows<MR> prepared(rows, n);
-    const RowStream stream = {w, ws, w + n_w * ws};
+    const RowStream stream = {w + n_w * ws};
     for (size_t c = 0; c < n_w; ++c) narrow_column<MR>(w + c * ws, prepared, n, y + c, ys, stream);
   }
 

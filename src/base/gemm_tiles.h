@@ -38,17 +38,12 @@ struct NextChunk {
   }
 };
 
-// The weight rows of one call, [w, end), read once each in address order (decode): requests
-// the bytes kRowStreamAheadBytes (prefetch_lines.h) past those being read, within the call's
-// rows. Empty (end null) when the rows are read more than once, where NextChunk requests
-// instead.
+// The weight rows of one call that ends at `end`, read once each in address order (decode's
+// narrow columns): requests the bytes kRowStreamAheadBytes (prefetch_lines.h) past those being
+// read, within the call's rows. Empty (end null) in the tiles, which read rows more than once
+// and where NextChunk requests instead.
 struct RowStream {
-  const uint8_t* w = nullptr;
-  size_t w_stride = 0;
   const uint8_t* end = nullptr;
-
-  // Row c's span, moved on: for kernels that read a row in one go.
-  void request(size_t c) const { request_bytes(w + c * w_stride, w_stride); }
 
   // The lines that start among the `bytes` from `at` (inside the rows), moved on: for kernels
   // that spread their requests over a row as they read it, a few lines at a time, instead of a
@@ -113,17 +108,16 @@ inline void store_sums(const Vec (&acc)[MR][NR], float* y, size_t ys) {
 template <class K, int MR>
 void gemm_tile_row(const uint8_t* w, size_t w_stride, size_t c_begin, size_t c_end,
                    const uint8_t* x, size_t x_stride, size_t n, float* y, size_t y_stride,
-                   bool narrow, const NextChunk& next, size_t pass, const RowStream& stream = {}) {
+                   const NextChunk& next, size_t pass) {
   size_t c = c_begin;
   const size_t first_slice = pass * ((c_end - c_begin + K::kCols - 1) / K::kCols);
   if constexpr (MR == K::kRows) {
-    for (; !narrow && c + K::kCols <= c_end; c += K::kCols) {
+    for (; c + K::kCols <= c_end; c += K::kCols) {
       K::template tile<MR, K::kCols>(w + c * w_stride, w_stride, x, x_stride, n, y + c, y_stride);
       next.request(first_slice + (c - c_begin) / K::kCols);
     }
   }
   for (; c < c_end; ++c) {
-    stream.request(c);
     K::template tile<MR, 1>(w + c * w_stride, w_stride, x, x_stride, n, y + c, y_stride);
     if ((c - c_begin) % K::kCols == K::kCols - 1 || c + 1 == c_end) {
       next.request(first_slice + (c - c_begin) / K::kCols);
@@ -135,14 +129,13 @@ void gemm_tile_row(const uint8_t* w, size_t w_stride, size_t c_begin, size_t c_e
 template <class K, int R>
 void gemm_rest_rows(size_t rows, const uint8_t* w, size_t w_stride, size_t c_begin, size_t c_end,
                     const uint8_t* x, size_t x_stride, size_t n, float* y, size_t y_stride,
-                    const NextChunk& next, size_t pass, const RowStream& stream) {
+                    const NextChunk& next, size_t pass) {
   if constexpr (R > 1) {
     if (rows == R - 1) {
-      gemm_tile_row<K, R - 1>(w, w_stride, c_begin, c_end, x, x_stride, n, y, y_stride, true, next,
-                              pass, stream);
+      gemm_tile_row<K, R - 1>(w, w_stride, c_begin, c_end, x, x_stride, n, y, y_stride, next, pass);
     } else {
       gemm_rest_rows<K, R - 1>(rows, w, w_stride, c_begin, c_end, x, x_stride, n, y, y_stride, next,
-                               pass, stream);
+                               pass);
     }
   }
 }
@@ -160,7 +153,7 @@ void gemm_narrow(const uint8_t* w, size_t w_stride, size_t n_w, const uint8_t* x
   }
   const uint8_t* rows[MR];
   for (int r = 0; r < MR; ++r) rows[r] = x + r * x_stride;
-  const RowStream stream = {w, w_stride, w + n_w * w_stride};
+  const RowStream stream = {w + n_w * w_stride};
   for (size_t c = 0; c < n_w; ++c) {
     K::template narrow_column<MR>(w + c * w_stride, rows, n, y + c, y_stride, stream);
   }
@@ -207,14 +200,12 @@ void gemm_tiled(const void* w, size_t w_stride, size_t n_w, const void* x, size_
     const NextChunk next = {c1 < n_w && request_next ? wb + c1 * w_stride : nullptr,
                             (n_w - c1 < chunk ? n_w - c1 : chunk) * w_stride,
                             passes * ((c1 - c0 + K::kCols - 1) / K::kCols)};
-    const RowStream stream = {wb, w_stride, passes == 1 ? wb + n_w * w_stride : nullptr};
     size_t r = 0;
     for (; r + K::kRows <= n_x; r += K::kRows) {
       gemm_tile_row<K, K::kRows>(wb, w_stride, c0, c1, xb + r * x_stride, x_stride, n,
-                                 y + r * y_stride, y_stride, n_x <= kGemmNarrowRows, next,
-                                 r / K::kRows, stream);
+                                 y + r * y_stride, y_stride, next, r / K::kRows);
     }
     gemm_rest_rows<K, K::kRows>(n_x - r, wb, w_stride, c0, c1, xb + r * x_stride, x_stride, n,
-                                y + r * y_stride, y_stride, next, r / K::kRows, stream);
+                                y + r * y_stride, y_stride, next, r / K::kRows);
   }
 }
