@@ -11,12 +11,13 @@ namespace kvc::kernels {
 // into the second-level cache. On Intel's server cores the hardware prefetchers stay too little
 // ahead of one such stream (Xeon with AVX-512 and AMX, TinyLlama q8_0 decode on 2 threads: 16.0
 // t/s without requests, 22.0 with them 4 KiB ahead, 21.1 at 8 KiB, 21.8-22.8 at 2 KiB; but at
-// 2 KiB the 110M shape, read from the third-level cache, fell from 265 to 189). With the 4-bit
-// types' spread requests too, 3 KiB against 4 KiB, alternated in one window: TinyLlama q4_K
-// 33.6-36.1 vs 31.9-33.3, q8_0 21.5-21.9 vs 20.7-21.0; 110M q8_0 217-238 vs 217-262 (noisy);
-// at 1 KiB TinyLlama q4_0 fell to 33. An earlier session found such requests no gain on Zen 4,
-// but GCC may have deleted the ones it measured (below): that machine is not measured again here.
-constexpr size_t kRowStreamAheadBytes = 3 * 1024;
+// 2 KiB the 110M shape, read from the third-level cache, fell from 265 to 189). With every
+// type's requests spread, 3 KiB against 4 KiB, alternated: TinyLlama q4_K 33.6-36.1 vs
+// 31.9-33.3 and q8_0 21.5-21.9 vs 20.7-21.0, but 110M q8_0 tg128 190-212 vs 216-231 (and 0.90x
+// of llama.cpp against 1.00x), so 4 KiB stays; at 1 KiB TinyLlama q4_0 fell to 33. An earlier
+// session found such requests no gain on Zen 4, but GCC may have deleted the ones it measured
+// (below): that machine is not measured again here.
+constexpr size_t kRowStreamAheadBytes = 4 * 1024;
 
 // Requests the cache line holding *p. A request into the second level is written out on
 // x86-64: GCC 12's dead code elimination deleted decode's row-stream requests (a loop of
