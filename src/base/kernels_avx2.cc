@@ -293,10 +293,7 @@ uint64_t read_sum_avx2(const uint64_t* p, size_t n, bool request_ahead) {
   constexpr size_t kAhead = kRowStreamAheadBytes / sizeof(uint64_t);
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    if (request_ahead && i + kAhead + 16 <= n) {
-      for (size_t line = 0; line < 16; line += 8)
-        prefetch_line<2>(reinterpret_cast<const char*>(p + i + kAhead + line));
-    }
+    if (request_ahead && i + kAhead + 16 <= n) prefetch_lines<2>(p + i + kAhead, 0, 128);
     a[0] = _mm256_add_epi64(a[0], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 0)));
     a[1] = _mm256_add_epi64(a[1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 4)));
     a[2] = _mm256_add_epi64(a[2], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 8)));

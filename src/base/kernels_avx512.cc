@@ -283,10 +283,7 @@ uint64_t read_sum_avx512(const uint64_t* p, size_t n, bool request_ahead) {
   constexpr size_t kAhead = kRowStreamAheadBytes / sizeof(uint64_t);
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    if (request_ahead && i + kAhead + 32 <= n) {
-      for (size_t line = 0; line < 32; line += 8)
-        prefetch_line<2>(reinterpret_cast<const char*>(p + i + kAhead + line));
-    }
+    if (request_ahead && i + kAhead + 32 <= n) prefetch_lines<2>(p + i + kAhead, 0, 256);
     a[0] = _mm512_add_epi64(a[0], _mm512_loadu_si512(p + i + 0));
     a[1] = _mm512_add_epi64(a[1], _mm512_loadu_si512(p + i + 8));
     a[2] = _mm512_add_epi64(a[2], _mm512_loadu_si512(p + i + 16));
